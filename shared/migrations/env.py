@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from p2p.shared.db import models  # noqa: F401  (registers the tables)
+from p2p.shared.db.base import Base
+
+target_metadata = Base.metadata
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=context.config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
+                      literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    url = context.config.get_main_option("sqlalchemy.url")
+    assert url is not None
+    engine = create_engine(url, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

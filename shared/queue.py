@@ -1,0 +1,138 @@
+"""Celery: one app for every service, queues per service, and how work is dispatched.
+
+Celery carries work, never results: there is no result backend and task state lives in
+Postgres. In the embedded profile the same task code runs on an in-process thread pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from celery import Celery
+
+from p2p.shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+INGEST_QUEUE = "ingest"
+MINING_QUEUE = "mining"
+TRAINING_QUEUE = "training"
+EMBEDDING_QUEUE = "embedding"
+
+RUN_BATCH_TASK = "p2p.ingest.run_batch"
+MINE_FIGURE_TASK = "p2p.mining.mine_figure"
+
+TASK_MODULES = ["p2p.ingest.tasks"]
+
+celery_app = Celery("p2p", include=TASK_MODULES)
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    return {
+        "broker_url": settings.redis.url or "memory://",
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": {"visibility_timeout": settings.queue.visibility_timeout_s},
+        "broker_connection_retry_on_startup": True,
+        "task_default_queue": INGEST_QUEUE,
+        "task_routes": {
+            "p2p.ingest.*": {"queue": INGEST_QUEUE},
+            "p2p.mining.*": {"queue": MINING_QUEUE},
+            "p2p.training.*": {"queue": TRAINING_QUEUE},
+            "p2p.embedding.*": {"queue": EMBEDDING_QUEUE},
+        },
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "worker_hijack_root_logger": False,
+    }
+
+
+def configure_celery(settings: Settings) -> Celery:
+    celery_app.conf.update(celery_config(settings))
+    return celery_app
+
+
+@celery_app.on_configure.connect
+def _configure_from_environment(sender: Celery, **_: Any) -> None:
+    # A worker started as `celery -A p2p.shared.queue:celery_app` reads P2P_* settings here;
+    # processes that call configure_celery() themselves override these values afterwards.
+    sender.conf.update(celery_config(get_settings()))
+
+
+def import_task_modules() -> None:
+    celery_app.loader.import_default_modules()
+
+
+class TaskDispatcher(Protocol):
+    def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
+        """Hand a task over; False when nothing can run it here yet."""
+        ...
+
+    def ping(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class CeleryDispatcher:
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
+        self.app.send_task(task_name, args=args, queue=queue)
+        return True
+
+    def ping(self) -> None:
+        with self.app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+
+    def close(self) -> None:
+        pass
+
+
+class InProcessDispatcher:
+    """Runs registered Celery tasks on local threads (embedded profile)."""
+
+    def __init__(self, app: Celery, workers: int = 2) -> None:
+        self.app = app
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="p2p-task")
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        import_task_modules()
+
+    def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
+        task = self.app.tasks.get(task_name)
+        if task is None:
+            log.info("no in-process worker for %s on queue %s yet; it stays queued", task_name, queue)
+            return False
+        with self._lock:
+            self._pending += 1
+        self._pool.submit(self._run, task, args)
+        return True
+
+    def _run(self, task: Any, args: list[Any]) -> None:
+        try:
+            result = task.apply(args=args)
+            if result.failed():
+                log.error("in-process task %s%s failed: %s", task.name, args, result.result)
+        finally:
+            with self._lock:
+                self._pending -= 1
+                if self._pending == 0:
+                    self._idle.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def ping(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,138 @@
+"""The live parts a process works with (database, object store, task dispatch), built from settings.
+
+API servers keep theirs on ``app.state``; Celery workers and the CLI hold one per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from p2p.shared.db import migrate
+from p2p.shared.db.engine import make_engine, make_session_factory
+from p2p.shared.embedded import EmbeddedPostgres
+from p2p.shared.queue import CeleryDispatcher, InProcessDispatcher, TaskDispatcher, configure_celery
+from p2p.shared.settings import Settings, get_settings
+from p2p.shared.storage import LocalObjectStore, ObjectStore, S3ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class SchemaOutOfDate(RuntimeError):
+    pass
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    session_factory: sessionmaker[Session]
+    store: ObjectStore
+    dispatcher: TaskDispatcher
+    embedded_pg: EmbeddedPostgres | None = None
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self.session_factory() as session:
+            yield session
+
+    def check_database(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def close(self) -> None:
+        self.dispatcher.close()
+        self.engine.dispose()
+        if self.embedded_pg is not None:
+            self.embedded_pg.stop()
+
+
+def build_store(settings: Settings) -> ObjectStore:
+    if settings.embedded_store:
+        return LocalObjectStore(settings.data_dir / "objects")
+    assert settings.s3.endpoint is not None
+    store = S3ObjectStore(
+        endpoint=settings.s3.endpoint,
+        access_key=settings.s3.access_key,
+        secret_key=settings.s3.secret_key.get_secret_value(),
+        bucket=settings.s3.bucket,
+        secure=settings.s3.secure,
+        region=settings.s3.region,
+    )
+    store.ensure_bucket()
+    return store
+
+
+def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -> Runtime:
+    """Start what the profile embeds and connect to the rest.
+
+    The embedded database is migrated on start; a configured server must already be at the
+    current schema (``p2p db upgrade``), so that a deploy never migrates behind an operator's back.
+    """
+    embedded_pg: EmbeddedPostgres | None = None
+    if settings.embedded_db:
+        embedded_pg = EmbeddedPostgres(settings.data_dir / "pg")
+        url = embedded_pg.start()
+        migrate.upgrade(url)
+    else:
+        assert settings.db.url is not None
+        url = settings.db.url
+    engine = make_engine(url, settings.db)
+    try:
+        if not settings.embedded_db:
+            _check_schema(engine)
+        store = build_store(settings)
+        app = configure_celery(settings)
+        run_locally = settings.embedded_queue if in_process_tasks is None else in_process_tasks
+        dispatcher: TaskDispatcher = (
+            InProcessDispatcher(app, settings.queue.embedded_workers) if run_locally else CeleryDispatcher(app)
+        )
+    except BaseException:
+        engine.dispose()
+        if embedded_pg is not None:
+            embedded_pg.stop()
+        raise
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        session_factory=make_session_factory(engine),
+        store=store,
+        dispatcher=dispatcher,
+        embedded_pg=embedded_pg,
+    )
+
+
+def _check_schema(engine: Engine) -> None:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(migrate.alembic_config(str(engine.url))).get_current_head()
+    current = migrate.current_revision(engine)
+    if current != head:
+        raise SchemaOutOfDate(
+            f"database schema is at {current or 'nothing'}, this release needs {head}: run `p2p db upgrade`"
+        )
+
+
+_process_runtime: Runtime | None = None
+_process_lock = threading.Lock()
+
+
+def get_process_runtime() -> Runtime:
+    """The runtime of this process, built on first use from the environment's settings."""
+    global _process_runtime
+    with _process_lock:
+        if _process_runtime is None:
+            _process_runtime = build_runtime(get_settings())
+        return _process_runtime
+
+
+def set_process_runtime(runtime: Runtime | None) -> None:
+    global _process_runtime
+    with _process_lock:
+        _process_runtime = runtime

@@ -1,0 +1,177 @@
+"""Pydantic schemas shared by services: what clients send and what the API returns."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from p2p.shared.db.models import (
+    BatchItemStatus,
+    BatchKind,
+    BatchStatus,
+    FigureStatus,
+    JobStatus,
+    LicenseGroup,
+    RegionKind,
+)
+
+ShortText = Annotated[str, StringConstraints(strip_whitespace=True, max_length=512)]
+LongText = Annotated[str, StringConstraints(max_length=100_000)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ArticleIn(StrictModel):
+    pmcid: Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^PMC\d{1,12}$")] | None = None
+    pmid: Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^\d{1,12}$")] | None = None
+    doi: Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^10\.\S+$", max_length=256)] | None = (
+        None
+    )
+    title: LongText | None = None
+    abstract: LongText | None = None
+    journal: ShortText | None = None
+    year: Annotated[int, Field(ge=1600, le=2200)] | None = None
+    license: Annotated[str, StringConstraints(strip_whitespace=True, max_length=256)] | None = None
+
+    def has_identity(self) -> bool:
+        return bool(self.pmcid or self.pmid or self.doi)
+
+
+class FigureMetadata(StrictModel):
+    """The optional JSON metadata sent with a figure (and one line of a manifest, less image/caption)."""
+
+    article: ArticleIn | None = None
+    figure_label: Annotated[str, StringConstraints(strip_whitespace=True, max_length=128)] | None = None
+    inline_references: list[LongText] = Field(default_factory=list, max_length=200)
+    source_ref: Annotated[str, StringConstraints(max_length=2048)] | None = None
+
+
+class ArticlePublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    pmcid: str | None
+    pmid: str | None
+    doi: str | None
+    title: str | None
+    journal: str | None
+    year: int | None
+    license: str | None
+    license_group: LicenseGroup
+
+
+class RegionPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    box_in_panel: list[float]
+    box_in_figure: list[float]
+    kind: RegionKind
+    marker_type: str | None
+    crop_key: str | None
+    caption_text: str | None
+    description: str | None
+    confidence: float | None
+    provenance: dict[str, Any]
+
+
+class PanelPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    label: str | None
+    box: list[float]
+    crop_key: str | None
+    subcaption: str | None
+    description: str | None
+    figure_type: str | None
+    modality: str | None
+    confidence: float | None
+    provenance: dict[str, Any]
+    regions: list[RegionPublic]
+
+
+class JobPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    figure_id: uuid.UUID
+    backend: str
+    backend_version: str
+    prompt_version: str | None
+    status: JobStatus
+    attempts: int
+    stage_timings: dict[str, float]
+    cost: dict[str, float]
+    error: str | None
+    created_at: datetime
+    enqueued_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class FigurePublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    status: FigureStatus
+    image_sha256: str
+    object_key: str
+    byte_size: int
+    width: int
+    height: int
+    format: str
+    caption: str
+    figure_label: str | None
+    inline_references: list[str]
+    source: str
+    source_ref: str | None
+    created_at: datetime
+    article: ArticlePublic | None
+    panels: list[PanelPublic]
+
+
+class FigureAccepted(BaseModel):
+    figure_id: uuid.UUID
+    job_id: uuid.UUID
+    status: FigureStatus
+    duplicate: bool
+
+
+class BatchCreate(StrictModel):
+    kind: BatchKind
+    source: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4096)]
+
+
+class BatchItemPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    item_key: str
+    status: BatchItemStatus
+    figure_id: uuid.UUID | None
+    error_type: str | None
+    error_message: str | None
+
+
+class BatchPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    kind: BatchKind
+    source: str
+    status: BatchStatus
+    total: int | None
+    ingested: int
+    duplicates: int
+    failed: int
+    processed: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    failures: list[BatchItemPublic] = Field(default_factory=list)

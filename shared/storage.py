@@ -1,0 +1,253 @@
+"""Object storage behind one interface: a local folder (embedded profile) or an S3 server.
+
+Writes are verified: the store hashes the bytes it actually writes and refuses (and removes)
+an object whose sha256 differs from the one the caller computed beforehand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Protocol
+
+CHUNK = 1024 * 1024
+
+
+class StorageError(Exception):
+    pass
+
+
+class ChecksumMismatch(StorageError):
+    pass
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
+def validate_key(key: str) -> str:
+    """Keys are relative POSIX paths without '..' segments, so no key escapes the store's root."""
+    path = PurePosixPath(key)
+    if not key or key.startswith("/") or ".." in path.parts or "\\" in key or "\x00" in key:
+        raise StorageError(f"invalid object key: {key!r}")
+    return str(path)
+
+
+def content_key(sha256: str, extension: str, prefix: str = "figures") -> str:
+    """Content-addressed key: identical bytes always land on the same key."""
+    return f"{prefix}/{sha256[:2]}/{sha256}.{extension.lower()}"
+
+
+class ObjectStore(Protocol):
+    description: str
+
+    def put(self, key: str, stream: BinaryIO, *, size: int, sha256: str, content_type: str) -> None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def open(self, key: str) -> BinaryIO: ...
+
+    def get_bytes(self, key: str) -> bytes: ...
+
+    def size(self, key: str) -> int: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def list(self, prefix: str = "") -> Iterator[str]: ...
+
+    def ping(self) -> None: ...
+
+
+class LocalObjectStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.description = f"local folder {self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    def put(self, key: str, stream: BinaryIO, *, size: int, sha256: str, content_type: str) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        written = 0
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(CHUNK):
+                    digest.update(chunk)
+                    written += len(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            if written != size or digest.hexdigest() != sha256:
+                raise ChecksumMismatch(
+                    f"object {key}: wrote {written} bytes with sha256 {digest.hexdigest()}, "
+                    f"expected {size} bytes with sha256 {sha256}"
+                )
+            os.replace(tmp_name, target)
+        except BaseException:
+            Path(tmp_name).unlink(missing_ok=True)
+            raise
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def open(self, key: str) -> BinaryIO:
+        try:
+            return self._path(key).open("rb")
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+
+    def get_bytes(self, key: str) -> bytes:
+        with self.open(key) as fh:
+            return fh.read()
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        base = self.root
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and not path.name.startswith(".upload-"):
+                key = path.relative_to(base).as_posix()
+                if key.startswith(prefix):
+                    yield key
+
+    def ping(self) -> None:
+        if not os.access(self.root, os.W_OK):
+            raise StorageError(f"{self.root} is not writable")
+
+
+class _HashingReader(io.RawIOBase):
+    """Feeds the S3 client while hashing what it sends."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self.sha256 = hashlib.sha256()
+        self.md5 = hashlib.md5(usedforsecurity=False)
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._stream.read(size)
+        self.sha256.update(chunk)
+        self.md5.update(chunk)
+        self.count += len(chunk)
+        return chunk
+
+
+class S3ObjectStore:
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        bucket: str,
+        secure: bool = False,
+        region: str | None = None,
+    ) -> None:
+        from minio import Minio
+
+        self.client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region)
+        self.bucket = bucket
+        self.description = f"s3 {'https' if secure else 'http'}://{endpoint}/{bucket}"
+
+    def ensure_bucket(self) -> None:
+        if not self.client.bucket_exists(self.bucket):
+            self.client.make_bucket(self.bucket)
+
+    def put(self, key: str, stream: BinaryIO, *, size: int, sha256: str, content_type: str) -> None:
+        from minio.error import S3Error
+
+        key = validate_key(key)
+        reader = _HashingReader(stream)
+        # A single PUT (part size above the object size) so the ETag is the MD5 of the body.
+        result = self.client.put_object(
+            self.bucket,
+            key,
+            reader,  # type: ignore[arg-type]
+            length=size,
+            content_type=content_type,
+            part_size=max(size, 5 * CHUNK),
+            metadata={"x-amz-meta-sha256": sha256},
+        )
+        etag = (result.etag or "").strip('"')
+        if reader.count != size or reader.sha256.hexdigest() != sha256 or etag != reader.md5.hexdigest():
+            try:
+                self.client.remove_object(self.bucket, key)
+            except S3Error:
+                pass
+            raise ChecksumMismatch(
+                f"object {key}: sent {reader.count} bytes (sha256 {reader.sha256.hexdigest()}, etag {etag}), "
+                f"expected {size} bytes with sha256 {sha256}"
+            )
+
+    def exists(self, key: str) -> bool:
+        from minio.error import S3Error
+
+        try:
+            self.client.stat_object(self.bucket, validate_key(key))
+            return True
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject", "NotFound"):
+                return False
+            raise
+
+    def open(self, key: str) -> BinaryIO:
+        return io.BytesIO(self.get_bytes(key))
+
+    def get_bytes(self, key: str) -> bytes:
+        from minio.error import S3Error
+
+        try:
+            response = self.client.get_object(self.bucket, validate_key(key))
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject", "NotFound"):
+                raise ObjectNotFound(key) from exc
+            raise
+        try:
+            return response.read()
+        finally:
+            response.close()
+            response.release_conn()
+
+    def size(self, key: str) -> int:
+        from minio.error import S3Error
+
+        try:
+            return int(self.client.stat_object(self.bucket, validate_key(key)).size or 0)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject", "NotFound"):
+                raise ObjectNotFound(key) from exc
+            raise
+
+    def delete(self, key: str) -> None:
+        self.client.remove_object(self.bucket, validate_key(key))
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        for obj in self.client.list_objects(self.bucket, prefix=prefix, recursive=True):
+            if obj.object_name is not None:
+                yield obj.object_name
+
+    def ping(self) -> None:
+        if not self.client.bucket_exists(self.bucket):
+            raise StorageError(f"bucket {self.bucket} does not exist")
+
+    def presigned_url(self, key: str, expires_s: int = 3600) -> str:
+        return self.client.presigned_get_object(self.bucket, validate_key(key), expires=timedelta(seconds=expires_s))
