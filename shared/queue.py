@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from celery import Celery
-
 from p2p.shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)

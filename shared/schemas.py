@@ -6,8 +6,6 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
-
 from p2p.shared.db.models import (
     BatchItemStatus,
     BatchKind,
@@ -17,6 +15,7 @@ from p2p.shared.db.models import (
     LicenseGroup,
     RegionKind,
 )
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 ShortText = Annotated[str, StringConstraints(strip_whitespace=True, max_length=512)]
 LongText = Annotated[str, StringConstraints(max_length=100_000)]
@@ -29,9 +28,9 @@ class StrictModel(BaseModel):
 class ArticleIn(StrictModel):
     pmcid: Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^PMC\d{1,12}$")] | None = None
     pmid: Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^\d{1,12}$")] | None = None
-    doi: Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^10\.\S+$", max_length=256)] | None = (
-        None
-    )
+    doi: (
+        Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^10\.\S+$", max_length=256)] | None
+    ) = None
     title: LongText | None = None
     abstract: LongText | None = None
     journal: ShortText | None = None

@@ -60,7 +60,8 @@ class IngestSettings(BaseModel):
         description="Server folders that POST /v1/batches may read; S3 URIs are always allowed.",
     )
     max_package_members: int = Field(default=20_000, ge=1)
-    max_package_bytes: int = Field(default=4 * 1024 * MiB, ge=1)
+    max_package_bytes: int = Field(default=4 * 1024 * MiB, ge=1, description="Uncompressed members, summed.")
+    max_package_upload_bytes: int = Field(default=1024 * MiB, ge=1024)
 
 
 class AuthSettings(BaseModel):

@@ -6,6 +6,7 @@ an object whose sha256 differs from the one the caller computed beforehand.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -164,7 +165,9 @@ class S3ObjectStore:
     ) -> None:
         from minio import Minio
 
-        self.client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region)
+        self.client = Minio(
+            endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region
+        )
         self.bucket = bucket
         self.description = f"s3 {'https' if secure else 'http'}://{endpoint}/{bucket}"
 
@@ -189,10 +192,8 @@ class S3ObjectStore:
         )
         etag = (result.etag or "").strip('"')
         if reader.count != size or reader.sha256.hexdigest() != sha256 or etag != reader.md5.hexdigest():
-            try:
+            with contextlib.suppress(S3Error):
                 self.client.remove_object(self.bucket, key)
-            except S3Error:
-                pass
             raise ChecksumMismatch(
                 f"object {key}: sent {reader.count} bytes (sha256 {reader.sha256.hexdigest()}, etag {etag}), "
                 f"expected {size} bytes with sha256 {sha256}"
@@ -250,4 +251,6 @@ class S3ObjectStore:
             raise StorageError(f"bucket {self.bucket} does not exist")
 
     def presigned_url(self, key: str, expires_s: int = 3600) -> str:
-        return self.client.presigned_get_object(self.bucket, validate_key(key), expires=timedelta(seconds=expires_s))
+        return self.client.presigned_get_object(
+            self.bucket, validate_key(key), expires=timedelta(seconds=expires_s)
+        )

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis as redis_lib
-
 from p2p.shared.embedded import EmbeddedPostgres
 
 
@@ -108,8 +107,19 @@ def start_redis(workdir: Path, db: int = 11) -> RedisHandle:
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
+        [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -177,12 +187,23 @@ def start_s3(workdir: Path) -> S3Handle:
     log = log_path.open("wb")
     proc = subprocess.Popen(
         [
-            _weed_binary(), "server",
-            "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
-            f"-master.port={master}", f"-volume.port={volume}",
-            "-filer", f"-filer.port={filer}",
-            "-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
-            "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=16",
+            _weed_binary(),
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-dir={data}",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            "-filer",
+            f"-filer.port={filer}",
+            "-s3",
+            f"-s3.port={s3}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.config={config}",
+            "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=64",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -190,7 +211,11 @@ def start_s3(workdir: Path) -> S3Handle:
     )
     log.close()
     handle = S3Handle(
-        endpoint=f"127.0.0.1:{s3}", access_key=access_key, secret_key=secret_key, process=proc, log_path=log_path
+        endpoint=f"127.0.0.1:{s3}",
+        access_key=access_key,
+        secret_key=secret_key,
+        process=proc,
+        log_path=log_path,
     )
     _wait_for_s3(handle)
     return handle

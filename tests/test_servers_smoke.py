@@ -3,15 +3,16 @@ from __future__ import annotations
 import io
 
 import redis
-from sqlalchemy import Engine, text
-
 from p2p.shared.storage import S3ObjectStore
+from sqlalchemy import Engine, text
 
 
 def test_postgres_has_pgvector_and_schema(db: Engine) -> None:
     with db.connect() as conn:
         version = conn.execute(text("SELECT extversion FROM pg_extension WHERE extname = 'vector'")).scalar()
-        tables = set(conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname='public'")).scalars())
+        tables = set(
+            conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname='public'")).scalars()
+        )
         distance = conn.execute(text("SELECT '[1,0]'::vector <=> '[0,1]'::vector")).scalar()
     assert version is not None
     assert {"article", "figure", "panel", "region", "mining_job", "batch", "batch_item", "api_key"} <= tables
@@ -29,7 +30,12 @@ def test_s3_round_trip(s3_store: S3ObjectStore) -> None:
     import hashlib
 
     data = b"hello s3"
-    s3_store.put("a/b.txt", io.BytesIO(data), size=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                 content_type="text/plain")
+    s3_store.put(
+        "a/b.txt",
+        io.BytesIO(data),
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        content_type="text/plain",
+    )
     assert s3_store.get_bytes("a/b.txt") == data
     assert list(s3_store.list("a/")) == ["a/b.txt"]

@@ -1,17 +1,19 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool
-
 from p2p.shared.db import models  # noqa: F401  (registers the tables)
 from p2p.shared.db.base import Base
+from sqlalchemy import create_engine, pool
 
 target_metadata = Base.metadata
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=context.config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-                      literal_binds=True)
+    context.configure(
+        url=context.config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -1,0 +1,52 @@
+# Panel2Patch. `make demo` and `make test` work on a fresh machine: they create .venv and install.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NO_SERVE ?=
+
+.PHONY: install test test-deps demo serve lint format typecheck check bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Servers the test suite needs beside the Python packages: Redis (when nothing answers on
+# 127.0.0.1:6379) and a docker compose CLI to validate docker-compose.yml (no engine needed).
+test-deps: install
+	@$(BIN)/python -c "import redis; redis.Redis(host='127.0.0.1', port=6379, socket_connect_timeout=1).ping()" 2>/dev/null \
+		|| command -v redis-server >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	@docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
+
+test: test-deps
+	$(BIN)/python -m pytest
+
+demo: install
+	$(BIN)/p2p demo $(if $(filter 1 true yes,$(NO_SERVE)),--no-serve,)
+
+serve: install
+	$(BIN)/p2p serve ingest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: install
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+bench: install
+	$(BIN)/python bench/ingest_bench.py
+
+clean:
+	rm -rf .p2p-data .pytest_cache .mypy_cache .ruff_cache

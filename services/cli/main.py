@@ -1,0 +1,349 @@
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from p2p.shared.settings import Settings, get_settings
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import func, select
+
+app = typer.Typer(
+    help="Panel2Patch: mine biomedical figures into figure/panel/region image-text pairs.",
+    no_args_is_help=True,
+)
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+serve_app = typer.Typer(help="Run a service.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+app.add_typer(db_app, name="db")
+app.add_typer(serve_app, name="serve")
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _settings() -> Settings:
+    try:
+        return get_settings()
+    except Exception as exc:  # pydantic's message names the variable at fault
+        console.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
+    from p2p.shared.runtime import build_runtime, set_process_runtime
+
+    runtime = build_runtime(settings)
+    set_process_runtime(runtime)
+    return runtime
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command()
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Images, folders, manifests, shards, PMC packages.")],
+    caption: Annotated[str | None, typer.Option(help="Caption for loose images without a .txt/.json")] = None,
+) -> None:
+    """Ingest files, folders (manifest.jsonl, *.tar shards, *.tar.gz packages, images), manifests,
+    WebDataset shards and PMC Open Access packages."""
+    from p2p.cli.ingest_paths import BatchSource, plan
+
+    settings = _settings()
+    try:
+        planned = plan(paths)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    runtime = _runtime(settings)
+    totals = {"ingested": 0, "duplicate": 0, "failed": 0}
+    try:
+        with _progress() as progress:
+            for entry in planned:
+                if isinstance(entry, BatchSource):
+                    counts = _ingest_batch(runtime, entry.kind, entry.path, progress)
+                else:
+                    counts = _ingest_loose(runtime, entry.path, entry.caption or caption or "", progress)
+                for k, v in counts.items():
+                    totals[k] += v
+        _wait_in_process(runtime)
+    finally:
+        runtime.close()
+    out.print(f"ingested {totals['ingested']}, duplicates {totals['duplicate']}, failed {totals['failed']}")
+    if totals["failed"] and not (totals["ingested"] or totals["duplicate"]):
+        raise typer.Exit(1)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _ingest_batch(runtime, kind, path: Path, progress: Progress) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    from p2p.ingest import batches
+    from p2p.ingest.sources.base import ItemError
+    from p2p.shared.db.models import BatchItemStatus, BatchStatus
+    from p2p.shared.errors import P2PError
+
+    source = str(path.resolve())
+    task = progress.add_task(f"{kind.value} {path.name}", total=None)
+    try:
+        batches.check_source(kind, source, store=runtime.store, settings=runtime.settings, trusted=True)
+    except P2PError as exc:
+        progress.update(task, description=f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        return {"ingested": 0, "duplicate": 0, "failed": 1}
+    with runtime.session() as session:
+        batch = batches.create_batch(session, kind=kind, source=source)
+
+    def on_item(item, status: BatchItemStatus) -> None:  # type: ignore[no-untyped-def]
+        progress.advance(task)
+        if isinstance(item, ItemError):
+            progress.console.print(f"[yellow]skipped {item.key}: {item.error_type}: {item.message}")
+
+    done = batches.run_batch(runtime, batch.id, trusted=True, on_item=on_item)
+    if done.status is BatchStatus.FAILED:
+        progress.console.print(f"[red]{path.name}: {done.error}")
+    with runtime.session() as session:
+        for failure in batches.batch_failures(session, done.id):
+            if failure.error_type and not failure.error_type.startswith("missing"):
+                progress.console.print(
+                    f"[yellow]{failure.item_key}: {failure.error_type}: {failure.error_message}"
+                )
+    progress.update(task, total=done.ingested + done.duplicates + done.failed)
+    return {
+        "ingested": done.ingested,
+        "duplicate": done.duplicates,
+        "failed": done.failed + (done.error is not None),
+    }
+
+
+def _ingest_loose(runtime, path: Path, caption: str, progress: Progress) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    from p2p.ingest.service import ingest_figure
+    from p2p.shared.errors import P2PError
+    from p2p.shared.schemas import FigureMetadata
+
+    task = progress.add_task(path.name, total=1)
+    try:
+        with runtime.session() as session, path.open("rb") as fh:
+            outcome = ingest_figure(
+                session=session,
+                store=runtime.store,
+                dispatcher=runtime.dispatcher,
+                settings=runtime.settings,
+                image=fh,
+                caption=caption,
+                metadata=FigureMetadata(source_ref=str(path)),
+                source="cli",
+            )
+    except P2PError as exc:
+        progress.update(task, advance=1, description=f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        return {"ingested": 0, "duplicate": 0, "failed": 1}
+    progress.advance(task)
+    return {"ingested": int(not outcome.duplicate), "duplicate": int(outcome.duplicate), "failed": 0}
+
+
+def _wait_in_process(runtime) -> None:  # type: ignore[no-untyped-def]
+    from p2p.shared.queue import InProcessDispatcher
+
+    if isinstance(runtime.dispatcher, InProcessDispatcher):
+        runtime.dispatcher.wait_idle()
+
+
+@app.command()
+def status() -> None:
+    """Counts of figures, mining jobs and recent batches."""
+    from p2p.shared.db.models import Batch, Figure, MiningJob, Panel, Region
+
+    settings = _settings()
+    runtime = _runtime(settings)
+    try:
+        with runtime.session() as session:
+            figures = dict(session.execute(select(Figure.status, func.count()).group_by(Figure.status)).all())
+            jobs = dict(
+                session.execute(select(MiningJob.status, func.count()).group_by(MiningJob.status)).all()
+            )
+            panels = session.scalar(select(func.count()).select_from(Panel))
+            regions = session.scalar(select(func.count()).select_from(Region))
+            recent = list(session.scalars(select(Batch).order_by(Batch.created_at.desc()).limit(10)))
+    finally:
+        runtime.close()
+    table = Table(title="Panel2Patch")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("figures", str(sum(figures.values())))
+    for key, value in sorted(figures.items()):
+        table.add_row(f"  figures {key}", str(value))
+    for key, value in sorted(jobs.items()):
+        table.add_row(f"  mining jobs {key}", str(value))
+    table.add_row("panels", str(panels))
+    table.add_row("regions", str(regions))
+    out.print(table)
+    if recent:
+        batches = Table(title="recent batches")
+        for col in ("id", "kind", "status", "ingested", "duplicates", "failed", "source"):
+            batches.add_column(col)
+        for b in recent:
+            batches.add_row(
+                str(b.id)[:8],
+                b.kind,
+                b.status,
+                str(b.ingested),
+                str(b.duplicates),
+                str(b.failed),
+                b.source[-60:],
+            )
+        out.print(batches)
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option(help="Who or what uses the key.")],
+    scope: Annotated[list[str], typer.Option(help="ingest, read or admin; repeat for several.")],
+) -> None:
+    """Create an API key; the secret is printed once and stored only as a hash."""
+    from p2p.shared.auth import create_api_key
+    from p2p.shared.errors import P2PError
+
+    runtime = _runtime(_settings())
+    try:
+        with runtime.session() as session:
+            key, token = create_api_key(session, name=name, scopes=scope)
+    except P2PError as exc:
+        console.print(f"[red]{exc.message}[/red]")
+        raise typer.Exit(2) from exc
+    finally:
+        runtime.close()
+    console.print(
+        f"created key {key.prefix} ({name}) with scopes {', '.join(key.scopes)}; it is shown only once:"
+    )
+    out.print(token)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    from p2p.shared.db.models import ApiKey
+
+    runtime = _runtime(_settings())
+    try:
+        with runtime.session() as session:
+            rows = list(session.scalars(select(ApiKey).order_by(ApiKey.created_at)))
+    finally:
+        runtime.close()
+    table = Table()
+    for col in ("prefix", "name", "scopes", "created", "revoked"):
+        table.add_column(col)
+    for k in rows:
+        table.add_row(
+            k.prefix,
+            k.name,
+            ",".join(k.scopes),
+            f"{k.created_at:%Y-%m-%d}",
+            f"{k.revoked_at:%Y-%m-%d}" if k.revoked_at else "",
+        )
+    out.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(prefix: str) -> None:
+    from p2p.shared.auth import revoke_api_key
+
+    runtime = _runtime(_settings())
+    try:
+        with runtime.session() as session:
+            revoked = revoke_api_key(session, prefix)
+    finally:
+        runtime.close()
+    if not revoked:
+        console.print(f"[red]no active key {prefix}[/red]")
+        raise typer.Exit(1)
+    out.print(f"revoked {prefix}")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply migrations (the embedded database is started for it)."""
+    from p2p.shared.db import migrate
+    from p2p.shared.embedded import EmbeddedPostgres
+
+    settings = _settings()
+    embedded = None
+    url = settings.db.url
+    if not url:
+        embedded = EmbeddedPostgres(settings.data_dir / "pg")
+        url = embedded.start()
+    try:
+        migrate.upgrade(url, revision)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    out.print(f"database at {revision}")
+
+
+@serve_app.command("ingest")
+def serve_ingest(
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Serve the ingest API (OpenAPI docs at /docs)."""
+    import uvicorn
+    from p2p.ingest.app import create_app
+
+    settings = _settings()
+    host = host or settings.server.host
+    port = port if port is not None else settings.server.port
+    if not settings.auth_required and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            "[red]refusing to serve without API keys on a non-loopback address; "
+            "set P2P_AUTH__REQUIRED=true or bind 127.0.0.1[/red]"
+        )
+        raise typer.Exit(2)
+    logging.getLogger().setLevel(settings.log_level)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+
+
+@app.command()
+def demo(
+    serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve the API after ingesting.")] = True,
+    port: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Make sample figures, ingest them on the configured profile, then serve the API."""
+    from p2p.ingest.samples import write_manifest_folder, write_pmc_package
+
+    settings = _settings()
+    samples = settings.data_dir / "samples"
+    manifest = write_manifest_folder(samples / "figures", count=8)
+    package = write_pmc_package(samples / "PMC9000001.tar.gz")
+    out.print(
+        f"[bold]Panel2Patch demo[/bold] ({settings.profile} profile, data in {settings.data_dir.resolve()})"
+    )
+    out.print(f"made 8 sample figures with a manifest at {manifest} and a PMC package at {package}")
+    ingest([manifest.parent, package], caption=None)
+    status()
+    out.print("mining arrives with the mining service; the figures wait in its queue until then.")
+    if serve:
+        p = port if port is not None else settings.server.port
+        out.print(
+            f"serving the ingest API on http://{settings.server.host}:{p} (docs: /docs); Ctrl-C stops it"
+        )
+        serve_ingest(host=None, port=p)
+
+
+if __name__ == "__main__":
+    sys.exit(app())

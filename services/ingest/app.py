@@ -1,0 +1,63 @@
+"""The ingest API: figures and captions in, one by one or in bulk."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from p2p.ingest.routes import batches, figures, health, jobs
+from p2p.shared.api import BodySizeLimit, install_error_handlers
+from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
+from p2p.shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+MULTIPART_OVERHEAD = 1024 * 1024
+
+
+def startup_notice(settings: Settings) -> str:
+    parts = [
+        f"profile={settings.profile}",
+        "database=embedded PostgreSQL" if settings.embedded_db else "database=configured server",
+        "objects=local folder" if settings.embedded_store else f"objects=s3 {settings.s3.endpoint}",
+        "queue=in-process" if settings.embedded_queue else "queue=redis",
+    ]
+    if not settings.auth_required:
+        parts.append("AUTH DISABLED: write endpoints are open; bind to 127.0.0.1 only")
+    return "ingest API: " + ", ".join(parts)
+
+
+def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
+    settings = runtime.settings if runtime is not None else (settings or get_settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = runtime is None
+        app.state.runtime = runtime or build_runtime(settings)
+        set_process_runtime(app.state.runtime)
+        log.log(logging.INFO if settings.auth_required else logging.WARNING, startup_notice(settings))
+        try:
+            yield
+        finally:
+            if owned:
+                app.state.runtime.close()
+                set_process_runtime(None)
+
+    app = FastAPI(
+        title="Panel2Patch ingest",
+        version="0.1.0",
+        description="Figures and captions in: single uploads, manifests, WebDataset shards, PMC OA packages.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    body_cap = settings.ingest.max_upload_bytes + settings.ingest.max_metadata_bytes + MULTIPART_OVERHEAD
+    app.add_middleware(
+        BodySizeLimit,
+        max_body_bytes=body_cap,
+        per_path={"/v1/batches/upload": settings.ingest.max_package_upload_bytes + MULTIPART_OVERHEAD},
+    )
+    for module in (health, figures, jobs, batches):
+        app.include_router(module.router)
+    return app

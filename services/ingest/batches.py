@@ -1,0 +1,304 @@
+"""Server-side bulk ingestion: validate a source, record a Batch, and run it item by item.
+
+A batch run is resumable and idempotent: every item is recorded under a unique (batch, item key),
+so a re-delivered task skips what it already did, and figures themselves are deduplicated.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from p2p.ingest.service import ingest_figure
+from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
+from p2p.ingest.sources.files import LocalFiles, S3Files, SourceFiles
+from p2p.ingest.sources.manifest import iter_manifest
+from p2p.ingest.sources.pmc import iter_pmc_package
+from p2p.ingest.sources.webdataset import iter_webdataset
+from p2p.shared.db.base import utcnow
+from p2p.shared.db.models import Batch, BatchItem, BatchItemStatus, BatchKind, BatchStatus
+from p2p.shared.errors import Forbidden, InvalidInput, NotFound, P2PError
+from p2p.shared.queue import INGEST_QUEUE, RUN_BATCH_TASK
+from p2p.shared.runtime import Runtime
+from p2p.shared.settings import Settings
+from p2p.shared.storage import ObjectStore, S3ObjectStore
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+
+UPLOAD_SCHEME = "upload:"
+MANIFEST_NAME = "manifest.jsonl"
+PMC_SUFFIXES = (".tar.gz", ".tgz")
+
+
+def _source_files(
+    source: str, runtime_store: ObjectStore, settings: Settings, *, trusted: bool = False
+) -> tuple[SourceFiles, str]:
+    """Map a source string to readable files and the name inside them.
+
+    ``s3://bucket/prefix/name`` (same credentials as the object store), ``upload:<key>`` (an object we
+    stored from a client upload), or a server path inside one of the configured batch roots.
+    """
+    if source.startswith("s3://"):
+        if not isinstance(runtime_store, S3ObjectStore):
+            raise InvalidInput("s3:// sources need the S3 object store", error_type="source_not_allowed")
+        bucket, _, rest = source[5:].partition("/")
+        prefix, _, name = rest.rpartition("/")
+        return S3Files(runtime_store.client, bucket, prefix), name
+    if source.startswith(UPLOAD_SCHEME):
+        key = source[len(UPLOAD_SCHEME) :]
+        prefix, _, name = key.rpartition("/")
+        return _StoreFiles(runtime_store, prefix), name
+    path = Path(source).expanduser().resolve()
+    roots = [root.expanduser().resolve() for root in settings.ingest.batch_roots]
+    if not trusted and not any(path == root or root in path.parents for root in roots):
+        raise Forbidden(
+            f"{source} is outside the folders this server reads batches from (P2P_INGEST__BATCH_ROOTS)",
+            error_type="source_not_allowed",
+        )
+    if not path.exists():
+        raise InvalidInput(f"{source} does not exist", error_type="source_not_found")
+    if path.is_dir():
+        return LocalFiles(path), ""
+    return LocalFiles(path.parent), path.name
+
+
+class _StoreFiles:
+    """Read-only view of uploaded objects under one prefix of our own store."""
+
+    def __init__(self, store: ObjectStore, prefix: str) -> None:
+        self.store, self.prefix = store, prefix.strip("/")
+        self.describe = f"{store.description}/{self.prefix}"
+
+    def _key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def list(self, suffixes: tuple[str, ...]) -> list[str]:
+        start = len(self.prefix) + 1 if self.prefix else 0
+        return sorted(k[start:] for k in self.store.list(self.prefix + "/") if k.endswith(suffixes))
+
+    def exists(self, rel: str) -> bool:
+        return self.store.exists(self._key(rel))
+
+    def size(self, rel: str) -> int:
+        return self.store.size(self._key(rel))
+
+    def open(self, rel: str) -> BinaryIO:
+        return self.store.open(self._key(rel))
+
+    def read_bytes(self, rel: str, max_bytes: int) -> bytes:
+        return self.store.get_bytes(self._key(rel))
+
+    def download(self, rel: str, fileobj: BinaryIO) -> None:
+        fileobj.write(self.store.get_bytes(self._key(rel)))
+
+
+@contextmanager
+def open_items(
+    kind: BatchKind, source: str, *, store: ObjectStore, settings: Settings, trusted: bool = False
+) -> Iterator[Iterator[SourceItem | ItemError]]:
+    """Items of a source; raises SourceError (or a P2PError) when the source cannot be read at all.
+
+    ``trusted`` lifts the batch-root restriction on server paths: the CLI reads its user's own files.
+    """
+    files, name = _source_files(source, store, settings, trusted=trusted)
+    cap = settings.ingest.max_upload_bytes
+    with ExitStack() as stack:
+        if kind is BatchKind.MANIFEST:
+            manifest = name or MANIFEST_NAME
+            if not manifest.endswith(".jsonl"):
+                raise InvalidInput(
+                    f"a manifest source names a folder or a .jsonl file, not {source}",
+                    error_type="invalid_source",
+                )
+            yield iter_manifest(files, manifest, max_image_bytes=cap)
+        elif kind is BatchKind.WEBDATASET:
+            shard_names = [name] if name else files.list((".tar",))
+            if not shard_names:
+                raise SourceError("no_shards", f"no .tar shards in {source}")
+            yield _iter_shards(files, shard_names, stack, cap)
+        else:
+            if not name.endswith(PMC_SUFFIXES):
+                raise InvalidInput(
+                    f"a PMC package is a .tar.gz file, not {source}", error_type="invalid_source"
+                )
+            spool = stack.enter_context(tempfile.TemporaryFile())
+            files.download(name, spool)
+            spool.seek(0)
+            yield iter_pmc_package(
+                spool,  # type: ignore[arg-type]
+                name,
+                max_image_bytes=cap,
+                max_members=settings.ingest.max_package_members,
+                max_total_bytes=settings.ingest.max_package_bytes,
+            )
+
+
+def _iter_shards(
+    files: SourceFiles, names: list[str], stack: ExitStack, cap: int
+) -> Iterator[SourceItem | ItemError]:
+    def shards() -> Iterator[tuple[str, BinaryIO]]:
+        for shard in names:
+            handle = stack.enter_context(files.open(shard))
+            yield shard, handle
+
+    yield from iter_webdataset(shards(), max_image_bytes=cap)
+
+
+def check_source(
+    kind: BatchKind, source: str, *, store: ObjectStore, settings: Settings, trusted: bool = False
+) -> None:
+    """Refuse an unusable source before a batch is recorded (first item parsed, nothing stored)."""
+    try:
+        with open_items(kind, source, store=store, settings=settings, trusted=trusted) as items:
+            next(items, None)
+    except SourceError as exc:
+        raise InvalidInput(exc.message, error_type=exc.error_type) from exc
+    except FileNotFoundError as exc:
+        raise InvalidInput(f"{source}: {exc}", error_type="source_not_found") from exc
+
+
+def create_batch(session: Session, *, kind: BatchKind, source: str) -> Batch:
+    batch = Batch(kind=kind, source=source, status=BatchStatus.QUEUED)
+    session.add(batch)
+    session.commit()
+    return batch
+
+
+def enqueue_batch(runtime: Runtime, batch: Batch) -> None:
+    runtime.dispatcher.send(RUN_BATCH_TASK, args=[str(batch.id)], queue=INGEST_QUEUE)
+
+
+def get_batch(session: Session, batch_id: uuid.UUID) -> Batch:
+    batch = session.get(Batch, batch_id)
+    if batch is None:
+        raise NotFound(f"no batch {batch_id}")
+    return batch
+
+
+def batch_failures(session: Session, batch_id: uuid.UUID, limit: int = 100) -> list[BatchItem]:
+    return list(
+        session.scalars(
+            select(BatchItem)
+            .where(BatchItem.batch_id == batch_id, BatchItem.status == BatchItemStatus.FAILED)
+            .order_by(BatchItem.created_at)
+            .limit(limit)
+        )
+    )
+
+
+ItemCallback = Callable[[SourceItem | ItemError, BatchItemStatus], None]
+
+
+def run_batch(
+    runtime: Runtime, batch_id: uuid.UUID, *, trusted: bool = False, on_item: ItemCallback | None = None
+) -> Batch:
+    with runtime.session() as session:
+        batch = get_batch(session, batch_id)
+        if batch.status in (BatchStatus.SUCCEEDED, BatchStatus.COMPLETED_WITH_ERRORS, BatchStatus.FAILED):
+            return batch
+        batch.status = BatchStatus.RUNNING
+        batch.started_at = batch.started_at or utcnow()
+        session.commit()
+        done = set(session.scalars(select(BatchItem.item_key).where(BatchItem.batch_id == batch_id)))
+        kind, source = batch.kind, batch.source
+
+    seen = len(done)
+    try:
+        with open_items(
+            kind, source, store=runtime.store, settings=runtime.settings, trusted=trusted
+        ) as items:
+            for item in items:
+                if item.key in done:
+                    continue
+                seen += 1
+                status = _process_item(runtime, batch_id, item)
+                if on_item is not None:
+                    on_item(item, status)
+    except (SourceError, P2PError, OSError) as exc:
+        error_type = getattr(exc, "error_type", type(exc).__name__)
+        message = getattr(exc, "message", str(exc))
+        log.warning("batch %s failed: %s: %s", batch_id, error_type, message)
+        return _finish(runtime, batch_id, error=f"{error_type}: {message}")
+    return _finish(runtime, batch_id, total=seen)
+
+
+def _process_item(runtime: Runtime, batch_id: uuid.UUID, item: SourceItem | ItemError) -> BatchItemStatus:
+    figure_id: uuid.UUID | None = None
+    error_type = error_message = None
+    if isinstance(item, ItemError):
+        status, error_type, error_message = BatchItemStatus.FAILED, item.error_type, item.message
+    else:
+        try:
+            with runtime.session() as session:
+                outcome = ingest_figure(
+                    session=session,
+                    store=runtime.store,
+                    dispatcher=runtime.dispatcher,
+                    settings=runtime.settings,
+                    image=io.BytesIO(item.image),
+                    caption=item.caption,
+                    metadata=item.metadata,
+                    source="batch",
+                )
+            figure_id = outcome.figure.id
+            status = BatchItemStatus.DUPLICATE if outcome.duplicate else BatchItemStatus.INGESTED
+        except P2PError as exc:
+            status, error_type, error_message = BatchItemStatus.FAILED, exc.error_type, exc.message
+    counter = {
+        BatchItemStatus.INGESTED: Batch.ingested,
+        BatchItemStatus.DUPLICATE: Batch.duplicates,
+        BatchItemStatus.FAILED: Batch.failed,
+    }[status]
+    with runtime.session() as session:
+        inserted = session.execute(
+            insert(BatchItem)
+            .values(
+                id=uuid.uuid4(),
+                batch_id=batch_id,
+                item_key=item.key,
+                status=status,
+                figure_id=figure_id,
+                error_type=error_type,
+                error_message=error_message,
+            )
+            .on_conflict_do_nothing(constraint="uq_batch_item_key")
+            .returning(BatchItem.id)
+        ).first()
+        if inserted is not None:
+            session.execute(update(Batch).where(Batch.id == batch_id).values({counter: counter + 1}))
+        session.commit()
+    return status
+
+
+def _finish(
+    runtime: Runtime, batch_id: uuid.UUID, *, total: int | None = None, error: str | None = None
+) -> Batch:
+    with runtime.session() as session:
+        batch = get_batch(session, batch_id)
+        counts = dict(
+            session.execute(
+                select(BatchItem.status, func.count())
+                .where(BatchItem.batch_id == batch_id)
+                .group_by(BatchItem.status)
+            ).all()
+        )
+        batch.ingested = counts.get(BatchItemStatus.INGESTED, 0)
+        batch.duplicates = counts.get(BatchItemStatus.DUPLICATE, 0)
+        batch.failed = counts.get(BatchItemStatus.FAILED, 0)
+        batch.finished_at = utcnow()
+        if error is not None:
+            batch.status, batch.error = BatchStatus.FAILED, error
+        else:
+            batch.total = total
+            batch.status = BatchStatus.COMPLETED_WITH_ERRORS if batch.failed else BatchStatus.SUCCEEDED
+        session.commit()
+        return batch

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
+from fastapi.concurrency import run_in_threadpool
+from p2p.ingest.deps import IngestPrincipal, ReadPrincipal, RuntimeDep, SessionDep
+from p2p.ingest.service import ingest_figure
+from p2p.shared.db.models import Figure, FigureStatus, Panel
+from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge
+from p2p.shared.schemas import FigureAccepted, FigureMetadata, FigurePublic
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import selectinload
+
+router = APIRouter(prefix="/v1/figures", tags=["figures"])
+
+FORM_FIELDS = {"image", "caption", "metadata"}
+
+
+def parse_metadata(raw: str | None, *, max_bytes: int) -> FigureMetadata:
+    if raw is None or not raw.strip():
+        return FigureMetadata()
+    if len(raw.encode()) > max_bytes:
+        raise PayloadTooLarge(
+            f"metadata is larger than the {max_bytes}-byte limit", error_type="metadata_too_large"
+        )
+    try:
+        return FigureMetadata.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        kinds = {e["type"] for e in errors}
+        if "json_invalid" in kinds or "json_type" in kinds:
+            error_type = "malformed_metadata"
+        elif "extra_forbidden" in kinds:
+            error_type = "unknown_field"
+        else:
+            error_type = "invalid_metadata"
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'metadata'}: {e['msg']}" for e in errors[:5]
+        )
+        raise InvalidInput(f"metadata: {detail}", error_type=error_type) from exc
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=FigureAccepted,
+    responses={200: {"model": FigureAccepted, "description": "The same image and caption already exist."}},
+)
+async def post_figure(
+    request: Request,
+    response: Response,
+    runtime: RuntimeDep,
+    session: SessionDep,
+    _: IngestPrincipal,
+    image: Annotated[UploadFile, File(description="The figure image (JPEG, PNG, TIFF, GIF, BMP, WEBP).")],
+    caption: Annotated[str, Form(description="The figure caption.")] = "",
+    metadata: Annotated[
+        str | None, Form(description="JSON: article ids, title, abstract, license, inline_references...")
+    ] = None,
+) -> FigureAccepted:
+    form = await request.form()
+    unknown = sorted(set(form.keys()) - FORM_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown form fields: {', '.join(unknown)}", error_type="unknown_field")
+    if len(form.getlist("image")) != 1:
+        raise InvalidInput("send exactly one image", error_type="invalid_request")
+    settings = runtime.settings
+    parsed = parse_metadata(metadata, max_bytes=settings.ingest.max_metadata_bytes)
+    outcome = await run_in_threadpool(
+        lambda: ingest_figure(
+            session=session,
+            store=runtime.store,
+            dispatcher=runtime.dispatcher,
+            settings=settings,
+            image=image.file,
+            caption=caption,
+            metadata=parsed,
+            source="api",
+        )
+    )
+    if outcome.duplicate:
+        response.status_code = status.HTTP_200_OK
+    response.headers["Location"] = f"/v1/figures/{outcome.figure.id}"
+    return FigureAccepted(
+        figure_id=outcome.figure.id,
+        job_id=outcome.job.id,
+        status=outcome.figure.status,
+        duplicate=outcome.duplicate,
+    )
+
+
+@router.get("/{figure_id}", response_model=FigurePublic)
+def get_figure(figure_id: uuid.UUID, session: SessionDep, _: ReadPrincipal) -> Figure:
+    figure = session.scalars(
+        select(Figure)
+        .where(Figure.id == figure_id)
+        .options(
+            selectinload(Figure.article),
+            selectinload(Figure.panels).selectinload(Panel.regions),
+        )
+    ).first()
+    if figure is None:
+        raise NotFound(f"no figure {figure_id}")
+    return figure
+
+
+@router.get("", response_model=list[FigurePublic])
+def list_figures(
+    session: SessionDep,
+    _: ReadPrincipal,
+    status_: Annotated[FigureStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[Figure]:
+    query = select(Figure).options(
+        selectinload(Figure.article), selectinload(Figure.panels).selectinload(Panel.regions)
+    )
+    if status_ is not None:
+        query = query.where(Figure.status == status_)
+    return list(
+        session.scalars(query.order_by(Figure.created_at.desc(), Figure.id).limit(limit).offset(offset))
+    )

@@ -1,0 +1,200 @@
+"""Ingest one figure: validate, store content-addressed, record, enqueue mining."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from p2p.ingest.images import digest_stream, inspect_image
+from p2p.shared.db.base import utcnow
+from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
+from p2p.shared.errors import InvalidInput, ServiceUnavailable
+from p2p.shared.licenses import license_group, normalize_license
+from p2p.shared.queue import MINE_FIGURE_TASK, MINING_QUEUE, TaskDispatcher
+from p2p.shared.schemas import ArticleIn, FigureMetadata
+from p2p.shared.settings import Settings
+from p2p.shared.storage import ObjectStore, content_key
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IngestOutcome:
+    figure: Figure
+    job: MiningJob
+    duplicate: bool
+
+
+def caption_digest(caption: str) -> str:
+    return hashlib.sha256(caption.encode("utf-8")).hexdigest()
+
+
+def validate_caption(caption: str, *, max_chars: int) -> str:
+    if len(caption) > max_chars:
+        raise InvalidInput(
+            f"caption has {len(caption)} characters, over the {max_chars}-character limit",
+            error_type="caption_too_long",
+        )
+    if "\x00" in caption:
+        raise InvalidInput("caption contains a NUL character", error_type="invalid_caption")
+    return caption.strip()
+
+
+def ingest_figure(
+    *,
+    session: Session,
+    store: ObjectStore,
+    dispatcher: TaskDispatcher,
+    settings: Settings,
+    image: BinaryIO,
+    caption: str,
+    metadata: FigureMetadata,
+    source: str,
+) -> IngestOutcome:
+    """Every check runs before the first write, so rejected input leaves no row and no object."""
+    caption = validate_caption(caption, max_chars=settings.ingest.max_caption_chars)
+    digest = digest_stream(image, max_bytes=settings.ingest.max_upload_bytes)
+    if digest.size == 0:
+        raise InvalidInput("the image is empty", error_type="not_an_image")
+    info = inspect_image(
+        image, allowed_formats=settings.ingest.allowed_formats, max_pixels=settings.ingest.max_pixels
+    )
+    caption_sha = caption_digest(caption)
+
+    existing = _find_figure(session, digest.sha256, caption_sha)
+    if existing is not None:
+        job = _ensure_job(session, existing, settings)
+        session.commit()
+        _dispatch(session, dispatcher, job)
+        return IngestOutcome(figure=existing, job=job, duplicate=True)
+
+    key = content_key(digest.sha256, info.extension)
+    if not store.exists(key):
+        store.put(key, image, size=digest.size, sha256=digest.sha256, content_type=info.content_type)
+
+    article = _upsert_article(session, metadata.article) if metadata.article else None
+    figure = Figure(
+        image_sha256=digest.sha256,
+        caption_sha256=caption_sha,
+        object_key=key,
+        byte_size=digest.size,
+        width=info.width,
+        height=info.height,
+        format=info.format,
+        caption=caption,
+        figure_label=metadata.figure_label,
+        inline_references=list(metadata.inline_references),
+        article_id=article.id if article is not None else None,
+        source=source,
+        source_ref=metadata.source_ref,
+        status=FigureStatus.QUEUED,
+    )
+    try:
+        with session.begin_nested():
+            session.add(figure)
+    except IntegrityError:
+        # Another request stored the same figure between our lookup and insert.
+        raced = _find_figure(session, digest.sha256, caption_sha)
+        if raced is None:
+            raise
+        job = _ensure_job(session, raced, settings)
+        session.commit()
+        _dispatch(session, dispatcher, job)
+        return IngestOutcome(figure=raced, job=job, duplicate=True)
+    job = _ensure_job(session, figure, settings)
+    session.commit()
+    _dispatch(session, dispatcher, job)
+    return IngestOutcome(figure=figure, job=job, duplicate=False)
+
+
+def _find_figure(session: Session, image_sha: str, caption_sha: str) -> Figure | None:
+    return session.scalars(
+        select(Figure).where(Figure.image_sha256 == image_sha, Figure.caption_sha256 == caption_sha)
+    ).first()
+
+
+def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJob:
+    backend, version = settings.mining.backend, settings.mining.backend_version
+    job = session.scalars(
+        select(MiningJob).where(
+            MiningJob.figure_id == figure.id,
+            MiningJob.backend == backend,
+            MiningJob.backend_version == version,
+        )
+    ).first()
+    if job is not None:
+        return job
+    job = MiningJob(figure_id=figure.id, backend=backend, backend_version=version, status=JobStatus.QUEUED)
+    try:
+        with session.begin_nested():
+            session.add(job)
+    except IntegrityError:
+        job = session.scalars(
+            select(MiningJob).where(
+                MiningJob.figure_id == figure.id,
+                MiningJob.backend == backend,
+                MiningJob.backend_version == version,
+            )
+        ).one()
+    return job
+
+
+def _dispatch(session: Session, dispatcher: TaskDispatcher, job: MiningJob) -> None:
+    """Hand the job to the mining queue once; a retry of the same upload re-sends a job never sent."""
+    if job.enqueued_at is not None or job.status != JobStatus.QUEUED:
+        return
+    try:
+        accepted = dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=MINING_QUEUE)
+    except Exception as exc:
+        log.warning("could not enqueue mining job %s: %s", job.id, exc)
+        raise ServiceUnavailable(
+            f"figure {job.figure_id} is stored but its mining job {job.id} could not be queued ({exc}); "
+            "send the same request again to retry",
+            error_type="broker_unavailable",
+        ) from exc
+    if accepted:
+        job.enqueued_at = utcnow()
+        session.commit()
+
+
+def _upsert_article(session: Session, data: ArticleIn) -> Article | None:
+    if not data.has_identity():
+        return None
+    article = _find_article(session, data)
+    if article is None:
+        article = Article()
+        _fill_article(article, data)
+        try:
+            with session.begin_nested():
+                session.add(article)
+        except IntegrityError:
+            article = _find_article(session, data)
+            if article is None:
+                raise
+    else:
+        _fill_article(article, data, only_missing=True)
+    return article
+
+
+def _find_article(session: Session, data: ArticleIn) -> Article | None:
+    for column, value in ((Article.pmcid, data.pmcid), (Article.pmid, data.pmid), (Article.doi, data.doi)):
+        if value:
+            found = session.scalars(select(Article).where(column == value)).first()
+            if found is not None:
+                return found
+    return None
+
+
+def _fill_article(article: Article, data: ArticleIn, *, only_missing: bool = False) -> None:
+    for field in ("pmcid", "pmid", "doi", "title", "abstract", "journal", "year"):
+        value = getattr(data, field)
+        if value is not None and (not only_missing or getattr(article, field) is None):
+            setattr(article, field, value)
+    if data.license and (not only_missing or article.license is None):
+        article.license = normalize_license(data.license)
+        article.license_group = license_group(data.license)

@@ -1,0 +1,70 @@
+"""Data the tests make for themselves."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from typing import Any
+
+from p2p.shared.db.models import Article, Batch, Figure, MiningJob
+from p2p.shared.storage import ObjectStore
+from PIL import Image
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+
+def image_bytes(fmt: str = "PNG", size: tuple[int, int] = (64, 48), seed: int = 0) -> bytes:
+    rng = random.Random(seed)
+    img = Image.new("RGB", size, (rng.randrange(256), rng.randrange(256), rng.randrange(256)))
+    for _ in range(20):
+        x, y = rng.randrange(size[0]), rng.randrange(size[1])
+        img.putpixel((x, y), (rng.randrange(256), rng.randrange(256), rng.randrange(256)))
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def upload(
+    client: Any,
+    data: bytes,
+    *,
+    caption: str = "Figure 1. (A) Liver. (B) Kidney.",
+    metadata: dict[str, Any] | str | None = None,
+    filename: str = "fig.png",
+    headers: dict[str, str] | None = None,
+    extra: dict[str, str] | None = None,
+) -> Any:
+    form: dict[str, str] = {"caption": caption}
+    if metadata is not None:
+        form["metadata"] = metadata if isinstance(metadata, str) else json.dumps(metadata)
+    form.update(extra or {})
+    return client.post(
+        "/v1/figures",
+        files={"image": (filename, data, "application/octet-stream")},
+        data=form,
+        headers=headers or {},
+    )
+
+
+def row_counts(engine: Engine) -> dict[str, int]:
+    with Session(engine) as session:
+        return {
+            "figure": session.scalar(select(func.count()).select_from(Figure)) or 0,
+            "article": session.scalar(select(func.count()).select_from(Article)) or 0,
+            "job": session.scalar(select(func.count()).select_from(MiningJob)) or 0,
+            "batch": session.scalar(select(func.count()).select_from(Batch)) or 0,
+        }
+
+
+def object_count(store: ObjectStore) -> int:
+    return len(list(store.list("")))
+
+
+def assert_error(response: Any, status: int, error_type: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert body["error"]["type"] == error_type, body
+    assert body["error"]["code"] == status
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
