@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from celery import Celery
-from p2p.shared.settings import Settings, get_settings
+from p2p.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,6 @@ def configure_celery(settings: Settings) -> Celery:
     return celery_app
 
 
-@celery_app.on_configure.connect
-def _configure_from_environment(sender: Celery, **_: Any) -> None:
-    # A worker started as `celery -A p2p.shared.queue:celery_app` reads P2P_* settings here;
-    # processes that call configure_celery() themselves override these values afterwards.
-    sender.conf.update(celery_config(get_settings()))
-
-
 def import_task_modules() -> None:
     celery_app.loader.import_default_modules()
 
@@ -79,19 +72,27 @@ class TaskDispatcher(Protocol):
 
 
 class CeleryDispatcher:
-    def __init__(self, app: Celery) -> None:
+    """Publishes to the broker through a connection pool of its own, so a process can hold
+    dispatchers for different brokers without touching the app's global configuration."""
+
+    def __init__(self, app: Celery, broker_url: str, pool_limit: int = 16) -> None:
         self.app = app
+        self._connection = app.connection_for_write(broker_url)
+        self._pool = self._connection.Pool(limit=pool_limit)
 
     def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
-        self.app.send_task(task_name, args=args, queue=queue)
+        with self._pool.acquire(block=True, timeout=10) as conn:
+            conn.ensure_connection(max_retries=2, interval_start=0.2, timeout=5)
+            self.app.send_task(task_name, args=args, queue=queue, connection=conn)
         return True
 
     def ping(self) -> None:
-        with self.app.connection_for_write() as conn:
+        with self._pool.acquire(block=True, timeout=2) as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
 
     def close(self) -> None:
-        pass
+        self._pool.force_close_all()
+        self._connection.release()
 
 
 class InProcessDispatcher:

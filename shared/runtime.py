@@ -92,7 +92,7 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
         dispatcher: TaskDispatcher = (
             InProcessDispatcher(app, settings.queue.embedded_workers)
             if run_locally
-            else CeleryDispatcher(app)
+            else CeleryDispatcher(app, settings.redis.url or "memory://")
         )
     except BaseException:
         engine.dispose()

@@ -23,7 +23,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 K8S = ROOT / "k8s"
 NAMESPACE = "panel2patch"
 
-CELERY_APP = "p2p.shared.queue:celery_app"
+CELERY_APP = "p2p.shared.worker:celery_app"
 # Queues the Celery workers consume.
 CELERY_QUEUES = {"ingest", "mining", "training"}
 # `p2p` sub-commands that deployment files may run. `serve embedding-api` arrives with the
@@ -621,3 +621,21 @@ def test_cli_provides_the_deployed_commands() -> None:
             sub = getattr(command, "commands", {}).get(part)
             assert sub is not None, f"`p2p {' '.join(path)}` does not exist in the CLI"
             command = sub
+
+
+def test_celery_app_and_queues_exist() -> None:
+    """The worker commands name the Celery app that exists and queues that p2p.shared.queue defines."""
+    import importlib
+
+    module_name, _, attribute = CELERY_APP.partition(":")
+    worker_module = importlib.import_module(module_name)
+    assert hasattr(worker_module, attribute), f"{CELERY_APP} does not exist"
+    queue_module = importlib.import_module("p2p.shared.queue")
+    defined = {
+        value
+        for name, value in vars(queue_module).items()
+        if name.endswith("_QUEUE") and isinstance(value, str)
+    }
+    assert not CELERY_QUEUES - defined, (
+        f"queues used by deployment files but not defined: {CELERY_QUEUES - defined}"
+    )

@@ -21,7 +21,7 @@ def test_readyz_reports_each_dead_dependency(make_settings, db) -> None:  # type
     try:
         runtime.engine = make_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
         settings = make_settings(redis={"url": "redis://127.0.0.1:1/0"})
-        runtime.dispatcher = CeleryDispatcher(configure_celery(settings))
+        runtime.dispatcher = CeleryDispatcher(configure_celery(settings), "redis://127.0.0.1:1/0")
         runtime.store = S3ObjectStore(
             endpoint="127.0.0.1:1", access_key="a", secret_key="b", bucket="nothing"
         )
@@ -36,4 +36,3 @@ def test_readyz_reports_each_dead_dependency(make_settings, db) -> None:  # type
         runtime.engine.dispose()
         runtime.engine = live_engine
         runtime.close()
-        configure_celery(make_settings())

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from p2p.shared.db.models import LicenseGroup
 from p2p.shared.licenses import license_group, normalize_license
 
@@ -46,7 +45,10 @@ BMC_TEXT = (
             "Attribution License",
             "CC BY",
         ),
-        ("Creative Commons Attribution-NonCommercial-NoDerivatives 4.0 International License", "CC BY-NC-ND 4.0"),
+        (
+            "Creative Commons Attribution-NonCommercial-NoDerivatives 4.0 International License",
+            "CC BY-NC-ND 4.0",
+        ),
         ("Creative Commons Attribution-NonCommercial-ShareAlike 3.0 Unported", "CC BY-NC-SA 3.0"),
         ("the Creative Commons Attribution Non-Commercial License, which permits", "CC BY-NC"),
         (
@@ -71,7 +73,10 @@ def test_normalize_license_recognises_creative_commons(text: str, expected: str)
         ("", None),
         ("   ", None),
         ("  Elsevier user license ", "Elsevier user license"),
-        ("http://www.elsevier.com/open-access/userlicense/1.0/", "http://www.elsevier.com/open-access/userlicense/1.0/"),
+        (
+            "http://www.elsevier.com/open-access/userlicense/1.0/",
+            "http://www.elsevier.com/open-access/userlicense/1.0/",
+        ),
         ("open access by agreement", "open access by agreement"),
         ("Creative Commons license", "Creative Commons license"),
         ("All rights reserved", "All rights reserved"),
