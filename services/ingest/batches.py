@@ -134,7 +134,7 @@ def open_items(
             files.download(name, spool)
             spool.seek(0)
             yield iter_pmc_package(
-                spool,  # type: ignore[arg-type]
+                spool,
                 name,
                 max_image_bytes=cap,
                 max_members=settings.ingest.max_package_members,

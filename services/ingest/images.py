@@ -67,14 +67,8 @@ class _KeepOpen:
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
 
-    def read(self, size: int = -1) -> bytes:
-        return self._stream.read(size)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._stream.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._stream.tell()
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
 
     def close(self) -> None:
         pass

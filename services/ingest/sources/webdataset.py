@@ -117,7 +117,7 @@ def _iter_shard(shard_name: str, fileobj: BinaryIO, max_image_bytes: int) -> Ite
             message = f"shard {shard_name} is damaged and was read only up to here: {exc}"
             yield ItemError(where, "corrupt_shard", message)
             return
-        damage = None
+        damage = header_damage(tar)
         if damage is not None:
             if sample is not None:
                 yield _finish(shard_name, sample)
