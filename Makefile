@@ -40,8 +40,17 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# mypy cannot follow setuptools' editable-install mapping, so it reads the p2p.* packages
+# through a tree of symlinks that mirrors pyproject's package-dir table.
 typecheck: install
-	$(BIN)/mypy
+	rm -rf build/typecheck && mkdir -p build/typecheck/p2p
+	ln -s ../../../shared build/typecheck/p2p/shared
+	ln -s ../../../services/ingest build/typecheck/p2p/ingest
+	ln -s ../../../services/mining build/typecheck/p2p/mining
+	ln -s ../../../services/training build/typecheck/p2p/training
+	ln -s ../../../services/embedding-api build/typecheck/p2p/embedding_api
+	ln -s ../../../services/cli build/typecheck/p2p/cli
+	MYPYPATH=build/typecheck $(BIN)/mypy -p p2p
 
 check: lint typecheck test
 

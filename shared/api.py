@@ -8,9 +8,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from p2p.shared.errors import P2PError, error_body
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from p2p.shared.errors import P2PError, error_body
 
 log = logging.getLogger(__name__)
 

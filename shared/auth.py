@@ -12,11 +12,12 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from p2p.shared.db.base import utcnow
 from p2p.shared.db.models import ApiKey
 from p2p.shared.errors import Forbidden, InvalidInput, Unauthorized
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 
 class Scope(enum.StrEnum):

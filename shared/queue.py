@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from celery import Celery
+
 from p2p.shared.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -11,14 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
 from p2p.shared.db import migrate
 from p2p.shared.db.engine import make_engine, make_session_factory
 from p2p.shared.embedded import EmbeddedPostgres
 from p2p.shared.queue import CeleryDispatcher, InProcessDispatcher, TaskDispatcher, configure_celery
 from p2p.shared.settings import Settings, get_settings
 from p2p.shared.storage import LocalObjectStore, ObjectStore, S3ObjectStore
-from sqlalchemy import Engine, text
-from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,8 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
 from p2p.shared.db.models import (
     BatchItemStatus,
     BatchKind,
@@ -15,7 +17,6 @@ from p2p.shared.db.models import (
     LicenseGroup,
     RegionKind,
 )
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 ShortText = Annotated[str, StringConstraints(strip_whitespace=True, max_length=512)]
 LongText = Annotated[str, StringConstraints(max_length=100_000)]

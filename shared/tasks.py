@@ -12,9 +12,10 @@ from typing import Any
 
 import redis.exceptions
 from celery import Task
-from p2p.shared.runtime import Runtime, get_process_runtime
 from sqlalchemy.exc import OperationalError
 from urllib3.exceptions import HTTPError as Urllib3HTTPError
+
+from p2p.shared.runtime import Runtime, get_process_runtime
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class P2PTask(Task):  # type: ignore[misc]
+class P2PTask(Task):
     abstract = True
     acks_late = True
     reject_on_worker_lost = True

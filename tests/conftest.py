@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine, text
+
 from p2p.shared.db import migrate
 from p2p.shared.db.base import Base
 from p2p.shared.db.engine import make_engine
 from p2p.shared.storage import LocalObjectStore, S3ObjectStore
-from sqlalchemy import Engine, text
-
 from tests.servers import PostgresHandle, RedisHandle, S3Handle, start_postgres, start_redis, start_s3
 
 
@@ -108,6 +108,7 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 from fastapi.testclient import TestClient  # noqa: E402
+
 from p2p.ingest.app import create_app  # noqa: E402
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime  # noqa: E402
 from p2p.shared.settings import Settings  # noqa: E402

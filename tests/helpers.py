@@ -7,11 +7,12 @@ import json
 import random
 from typing import Any
 
-from p2p.shared.db.models import Article, Batch, Figure, MiningJob
-from p2p.shared.storage import ObjectStore
 from PIL import Image
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
+
+from p2p.shared.db.models import Article, Batch, Figure, MiningJob
+from p2p.shared.storage import ObjectStore
 
 
 def image_bytes(fmt: str = "PNG", size: tuple[int, int] = (64, 48), seed: int = 0) -> bytes:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis as redis_lib
+
 from p2p.shared.embedded import EmbeddedPostgres
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+
 from p2p.ingest.app import create_app
 from p2p.shared.db.engine import make_engine
 from p2p.shared.queue import CeleryDispatcher, configure_celery

@@ -6,10 +6,10 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
-from p2p.shared.db.models import LicenseGroup
-from p2p.shared.runtime import Runtime
 from PIL import Image
 
+from p2p.shared.db.models import LicenseGroup
+from p2p.shared.runtime import Runtime
 from tests.helpers import assert_error, image_bytes, object_count, row_counts, upload
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from p2p.shared.db.models import LicenseGroup
 from p2p.shared.licenses import license_group, normalize_license
 

@@ -56,11 +56,20 @@ def test_production_requires_servers_and_real_secrets(pg_url: str, redis_url: st
     with pytest.raises(ValidationError, match="P2P_DB__URL"):
         Settings(profile="production")
     with pytest.raises(ValidationError, match="default S3 secret"):
-        Settings(profile="production", db={"url": pg_url}, redis={"url": redis_url},
-                 s3={**s3_settings, "secret_key": "minioadmin"})
+        Settings(
+            profile="production",
+            db={"url": pg_url},
+            redis={"url": redis_url},
+            s3={**s3_settings, "secret_key": "minioadmin"},
+        )
     with pytest.raises(ValidationError, match="without API keys"):
-        Settings(profile="production", db={"url": pg_url}, redis={"url": redis_url}, s3=s3_settings,
-                 auth={"required": False})
+        Settings(
+            profile="production",
+            db={"url": pg_url},
+            redis={"url": redis_url},
+            s3=s3_settings,
+            auth={"required": False},
+        )
     with pytest.raises(ValidationError):
         Settings(unknown_section=1)  # type: ignore[call-arg]
 
@@ -79,14 +88,21 @@ def test_embedded_profile_says_it_runs_open() -> None:
     assert "AUTH DISABLED" not in startup_notice(Settings(auth={"required": True}))
 
 
-def test_write_endpoints_need_a_key_with_the_right_scope(prod_client: TestClient, prod_runtime: Runtime) -> None:
+def test_write_endpoints_need_a_key_with_the_right_scope(
+    prod_client: TestClient, prod_runtime: Runtime
+) -> None:
     data = image_bytes(seed=40)
     assert_error(upload(prod_client, data), 401, "missing_api_key")
-    assert_error(upload(prod_client, data, headers={"Authorization": "Bearer nonsense"}), 401, "invalid_api_key")
-    assert_error(upload(prod_client, data, headers={"Authorization": "Bearer p2p_abc_def"}), 401, "invalid_api_key")
+    assert_error(
+        upload(prod_client, data, headers={"Authorization": "Bearer nonsense"}), 401, "invalid_api_key"
+    )
+    assert_error(
+        upload(prod_client, data, headers={"Authorization": "Bearer p2p_abc_def"}), 401, "invalid_api_key"
+    )
     reader = _key(prod_runtime, "read")
-    assert_error(upload(prod_client, data, headers={"Authorization": f"Bearer {reader}"}), 403,
-                 "insufficient_scope")
+    assert_error(
+        upload(prod_client, data, headers={"Authorization": f"Bearer {reader}"}), 403, "insufficient_scope"
+    )
     assert row_counts(prod_runtime.engine)["figure"] == 0
 
     ingester = _key(prod_runtime, "ingest")
@@ -100,8 +116,11 @@ def test_write_endpoints_need_a_key_with_the_right_scope(prod_client: TestClient
 
     with prod_runtime.session() as session:
         assert revoke_api_key(session, ingester.split("_")[1])
-    assert_error(upload(prod_client, image_bytes(seed=41), headers={"Authorization": f"Bearer {ingester}"}), 401,
-                 "revoked_api_key")
+    assert_error(
+        upload(prod_client, image_bytes(seed=41), headers={"Authorization": f"Bearer {ingester}"}),
+        401,
+        "revoked_api_key",
+    )
 
 
 def test_keys_are_stored_hashed(prod_runtime: Runtime) -> None:
@@ -112,7 +131,9 @@ def test_keys_are_stored_hashed(prod_runtime: Runtime) -> None:
     assert secret not in dump and token.split("_")[1] in dump
 
 
-def test_ingest_sends_mining_task_over_redis(prod_client: TestClient, prod_runtime: Runtime, redis_url: str) -> None:
+def test_ingest_sends_mining_task_over_redis(
+    prod_client: TestClient, prod_runtime: Runtime, redis_url: str
+) -> None:
     key = _key(prod_runtime, "ingest")
     response = upload(prod_client, image_bytes(seed=42), headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 202
@@ -129,16 +150,21 @@ def test_ingest_sends_mining_task_over_redis(prod_client: TestClient, prod_runti
     again = upload(prod_client, image_bytes(seed=42), headers={"Authorization": f"Bearer {key}"})
     assert again.status_code == 200
     assert client.llen(MINING_QUEUE) == 1
-    job = prod_client.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {_key(prod_runtime, 'read')}"})
+    job = prod_client.get(
+        f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {_key(prod_runtime, 'read')}"}
+    )
     assert job.json()["enqueued_at"] is not None
 
 
 def test_broker_down_keeps_figure_and_a_retry_enqueues(
-    db, production_settings: Settings, redis_url: str  # type: ignore[no-untyped-def]
+    db,
+    production_settings: Settings,
+    redis_url: str,  # type: ignore[no-untyped-def]
 ) -> None:
     redis.Redis.from_url(redis_url).delete(MINING_QUEUE)
-    dead = production_settings.model_copy(update={"redis": production_settings.redis.model_copy(
-        update={"url": "redis://127.0.0.1:1/0"})})
+    dead = production_settings.model_copy(
+        update={"redis": production_settings.redis.model_copy(update={"url": "redis://127.0.0.1:1/0"})}
+    )
     runtime = build_runtime(dead)
     try:
         key = _key(runtime, "ingest")
@@ -164,7 +190,9 @@ def test_production_refuses_an_unmigrated_database(postgres, production_settings
         pytest.skip("needs the embedded test server to create a scratch database")
     postgres.embedded.ensure_database("p2p_unmigrated")
     settings = production_settings.model_copy(
-        update={"db": production_settings.db.model_copy(update={"url": postgres.embedded.url("p2p_unmigrated")})}
+        update={
+            "db": production_settings.db.model_copy(update={"url": postgres.embedded.url("p2p_unmigrated")})
+        }
     )
     with pytest.raises(SchemaOutOfDate, match="p2p db upgrade"):
         build_runtime(settings)

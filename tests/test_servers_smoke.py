@@ -3,8 +3,9 @@ from __future__ import annotations
 import io
 
 import redis
-from p2p.shared.storage import S3ObjectStore
 from sqlalchemy import Engine, text
+
+from p2p.shared.storage import S3ObjectStore
 
 
 def test_postgres_has_pgvector_and_schema(db: Engine) -> None:

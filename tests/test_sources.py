@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
+from PIL import Image
+
 from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
 from p2p.ingest.sources.files import FileTooLarge, LocalFiles, S3Files, UnsafePath
 from p2p.ingest.sources.manifest import iter_manifest
 from p2p.ingest.sources.pmc import iter_pmc_package
 from p2p.ingest.sources.webdataset import iter_webdataset
 from p2p.shared.storage import S3ObjectStore
-from PIL import Image
 
 MB = 1024 * 1024
 

@@ -6,11 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from p2p.shared.settings import Settings, get_settings
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import func, select
+
+from p2p.shared.db.models import BatchKind
+from p2p.shared.runtime import Runtime
+from p2p.shared.settings import Settings, get_settings
 
 app = typer.Typer(
     help="Panel2Patch: mine biomedical figures into figure/panel/region image-text pairs.",
@@ -35,7 +38,7 @@ def _settings() -> Settings:
         raise typer.Exit(2) from exc
 
 
-def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
+def _runtime(settings: Settings) -> Runtime:
     from p2p.shared.runtime import build_runtime, set_process_runtime
 
     runtime = build_runtime(settings)
@@ -96,9 +99,9 @@ def _progress() -> Progress:
     )
 
 
-def _ingest_batch(runtime, kind, path: Path, progress: Progress) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progress) -> dict[str, int]:
     from p2p.ingest import batches
-    from p2p.ingest.sources.base import ItemError
+    from p2p.ingest.sources.base import ItemError, SourceItem
     from p2p.shared.db.models import BatchItemStatus, BatchStatus
     from p2p.shared.errors import P2PError
 
@@ -112,7 +115,7 @@ def _ingest_batch(runtime, kind, path: Path, progress: Progress) -> dict[str, in
     with runtime.session() as session:
         batch = batches.create_batch(session, kind=kind, source=source)
 
-    def on_item(item, status: BatchItemStatus) -> None:  # type: ignore[no-untyped-def]
+    def on_item(item: SourceItem | ItemError, status: BatchItemStatus) -> None:
         progress.advance(task)
         if isinstance(item, ItemError):
             progress.console.print(f"[yellow]skipped {item.key}: {item.error_type}: {item.message}")
@@ -134,7 +137,7 @@ def _ingest_batch(runtime, kind, path: Path, progress: Progress) -> dict[str, in
     }
 
 
-def _ingest_loose(runtime, path: Path, caption: str, progress: Progress) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def _ingest_loose(runtime: Runtime, path: Path, caption: str, progress: Progress) -> dict[str, int]:
     from p2p.ingest.service import ingest_figure
     from p2p.shared.errors import P2PError
     from p2p.shared.schemas import FigureMetadata
@@ -159,7 +162,7 @@ def _ingest_loose(runtime, path: Path, caption: str, progress: Progress) -> dict
     return {"ingested": int(not outcome.duplicate), "duplicate": int(outcome.duplicate), "failed": 0}
 
 
-def _wait_in_process(runtime) -> None:  # type: ignore[no-untyped-def]
+def _wait_in_process(runtime: Runtime) -> None:
     from p2p.shared.queue import InProcessDispatcher
 
     if isinstance(runtime.dispatcher, InProcessDispatcher):
@@ -188,10 +191,10 @@ def status() -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     table.add_row("figures", str(sum(figures.values())))
-    for key, value in sorted(figures.items()):
-        table.add_row(f"  figures {key}", str(value))
-    for key, value in sorted(jobs.items()):
-        table.add_row(f"  mining jobs {key}", str(value))
+    for figure_status, count in sorted(figures.items()):
+        table.add_row(f"  figures {figure_status}", str(count))
+    for job_status, count in sorted(jobs.items()):
+        table.add_row(f"  mining jobs {job_status}", str(count))
     table.add_row("panels", str(panels))
     table.add_row("regions", str(regions))
     out.print(table)
@@ -303,6 +306,7 @@ def serve_ingest(
 ) -> None:
     """Serve the ingest API (OpenAPI docs at /docs)."""
     import uvicorn
+
     from p2p.ingest.app import create_app
 
     settings = _settings()

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+
 from p2p.ingest.routes import batches, figures, health, jobs
 from p2p.shared.api import BodySizeLimit, install_error_handlers
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime

@@ -15,6 +15,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
 from p2p.ingest.service import ingest_figure
 from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
 from p2p.ingest.sources.files import LocalFiles, S3Files, SourceFiles
@@ -28,9 +32,6 @@ from p2p.shared.queue import INGEST_QUEUE, RUN_BATCH_TASK
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings
 from p2p.shared.storage import ObjectStore, S3ObjectStore
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 

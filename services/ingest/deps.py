@@ -4,10 +4,11 @@ from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
 from p2p.shared.auth import ANONYMOUS, Principal, Scope, authenticate, require
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings
-from sqlalchemy.orm import Session
 
 
 def get_runtime(request: Request) -> Runtime:

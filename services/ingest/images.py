@@ -7,8 +7,9 @@ import warnings
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from PIL import Image, UnidentifiedImageError
+
+from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 
 CHUNK = 1024 * 1024
 

@@ -7,6 +7,10 @@ import logging
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
 from p2p.ingest.images import digest_stream, inspect_image
 from p2p.shared.db.base import utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
@@ -16,9 +20,6 @@ from p2p.shared.queue import MINE_FIGURE_TASK, MINING_QUEUE, TaskDispatcher
 from p2p.shared.schemas import ArticleIn, FigureMetadata
 from p2p.shared.settings import Settings
 from p2p.shared.storage import ObjectStore, content_key
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 

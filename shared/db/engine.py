@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from p2p.shared.settings import DatabaseSettings
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
+
+from p2p.shared.settings import DatabaseSettings
 
 
 def make_engine(url: str, settings: DatabaseSettings | None = None) -> Engine:

@@ -12,7 +12,6 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from p2p.shared.db.base import Base, TimestampMixin, new_id
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -28,6 +27,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from p2p.shared.db.base import Base, TimestampMixin, new_id
 
 
 def _enum(cls: type[enum.Enum], name: str) -> Enum:

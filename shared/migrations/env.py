@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import create_engine, pool
+
 from p2p.shared.db import models  # noqa: F401  (registers the tables)
 from p2p.shared.db.base import Base
-from sqlalchemy import create_engine, pool
 
 target_metadata = Base.metadata
 

@@ -1,16 +1,18 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, BinaryIO
 
 from fastapi import APIRouter, File, Form, Response, UploadFile, status
 from fastapi.concurrency import run_in_threadpool
+
 from p2p.ingest import batches as batch_service
 from p2p.ingest.deps import IngestPrincipal, ReadPrincipal, RuntimeDep, SessionDep
 from p2p.ingest.images import digest_stream
 from p2p.shared.db.models import Batch, BatchKind
 from p2p.shared.errors import InvalidInput
 from p2p.shared.schemas import BatchCreate, BatchItemPublic, BatchPublic
+from p2p.shared.settings import Settings
 from p2p.shared.storage import validate_key
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -90,7 +92,7 @@ async def upload_batch(
     return to_public(batch)
 
 
-def _check_uploaded(kind: BatchKind, stream, name: str, settings) -> None:  # type: ignore[no-untyped-def]
+def _check_uploaded(kind: BatchKind, stream: BinaryIO, name: str, settings: Settings) -> None:
     from p2p.ingest.sources.base import SourceError
     from p2p.ingest.sources.pmc import iter_pmc_package
     from p2p.ingest.sources.webdataset import iter_webdataset

@@ -5,14 +5,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
 from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import selectinload
+
 from p2p.ingest.deps import IngestPrincipal, ReadPrincipal, RuntimeDep, SessionDep
 from p2p.ingest.service import ingest_figure
 from p2p.shared.db.models import Figure, FigureStatus, Panel
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge
 from p2p.shared.schemas import FigureAccepted, FigureMetadata, FigurePublic
-from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.orm import selectinload
 
 router = APIRouter(prefix="/v1/figures", tags=["figures"])
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+
 from p2p.ingest.deps import RuntimeDep
 from p2p.shared.errors import error_body
 

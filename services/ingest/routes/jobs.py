@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter
+
 from p2p.ingest.deps import ReadPrincipal, SessionDep
 from p2p.shared.db.models import MiningJob
 from p2p.shared.errors import NotFound

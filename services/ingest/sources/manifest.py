@@ -15,11 +15,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from pydantic import ValidationError
+
 from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
 from p2p.ingest.sources.files import FileTooLarge, SourceFiles, UnsafePath
 from p2p.shared.licenses import normalize_license
 from p2p.shared.schemas import ArticleIn, FigureMetadata
-from pydantic import ValidationError
 
 MAX_LINE_BYTES = 4 * 1024 * 1024
 _ITEM_KEYS = frozenset({"image", "caption"})

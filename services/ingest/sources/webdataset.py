@@ -18,10 +18,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Self
 
+from pydantic import ValidationError
+
 from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
 from p2p.ingest.sources.manifest import article_from_fields, validation_error_type, validation_message
 from p2p.shared.schemas import FigureMetadata
-from pydantic import ValidationError
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "tif", "tiff", "webp", "gif", "bmp"})
 MAX_TEXT_BYTES = 8 * 1024 * 1024  # a caption or json member larger than this is not metadata

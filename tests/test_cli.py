@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+from typer.testing import CliRunner
+
+from p2p.cli import app
+from p2p.ingest.samples import make_figure, write_manifest_folder, write_pmc_package
+from p2p.shared.settings import get_settings
+from tests.helpers import image_bytes, row_counts
+
+runner = CliRunner()
+
+
+def said(result) -> str:  # type: ignore[no-untyped-def]
+    """The command's output with rich's line wrapping undone."""
+    return " ".join(result.output.split())
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, pg_url: str, tmp_path: Path, db: Engine) -> Path:
+    data_dir = tmp_path / "data"
+    monkeypatch.setenv("P2P_DB__URL", pg_url)
+    monkeypatch.setenv("P2P_DATA_DIR", str(data_dir))
+    get_settings.cache_clear()
+    yield data_dir  # type: ignore[misc]
+    get_settings.cache_clear()
+
+
+def test_ingest_every_kind_of_path(cli_env: Path, tmp_path: Path, db: Engine) -> None:
+    manifest_dir = tmp_path / "manifest"
+    write_manifest_folder(manifest_dir, count=2)
+    package = write_pmc_package(tmp_path / "PMC9000001.tar.gz")
+    shard = tmp_path / "shard-0.tar"
+    with tarfile.open(shard, "w") as tar:
+        for i, payload in enumerate([image_bytes("JPEG", seed=70), image_bytes("PNG", seed=71)]):
+            for name, data in ((f"s{i}.jpg", payload), (f"s{i}.txt", f"caption {i}".encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, __import__("io").BytesIO(data))
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    fig = make_figure(55)
+    (loose / "one.png").write_bytes(fig.image)
+    (loose / "one.txt").write_text(fig.caption)
+    (loose / "two.png").write_bytes(image_bytes(seed=72))
+    (loose / "two.json").write_text(json.dumps({"caption": "from json"}))
+
+    result = runner.invoke(app, ["ingest", str(manifest_dir), str(package), str(shard), str(loose)])
+    assert result.exit_code == 0, result.output
+    assert "ingested 8, duplicates 0, failed 0" in said(result)
+    with db.connect() as conn:
+        captions = set(conn.execute(text("SELECT caption FROM figure")).scalars())
+    assert {fig.caption, "from json", "caption 0", "caption 1"} <= captions
+
+    again = runner.invoke(app, ["ingest", str(loose / "one.png")])
+    assert again.exit_code == 0 and "ingested 0, duplicates 1" in said(again)
+
+
+def test_ingest_reports_bad_paths(cli_env: Path, tmp_path: Path, db: Engine) -> None:
+    missing = runner.invoke(app, ["ingest", str(tmp_path / "nope.png")])
+    assert missing.exit_code == 2 and "does not exist" in said(missing)
+    odd = tmp_path / "notes.docx"
+    odd.write_text("x")
+    assert runner.invoke(app, ["ingest", str(odd)]).exit_code == 2
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    result = runner.invoke(app, ["ingest", str(bad)])
+    assert result.exit_code == 1 and "not_an_image" in said(result)
+    assert row_counts(db)["figure"] == 0
+
+
+def test_keys_status_and_db_upgrade(cli_env: Path, db: Engine) -> None:
+    created = runner.invoke(app, ["keys", "create", "--name", "lab", "--scope", "ingest", "--scope", "read"])
+    assert created.exit_code == 0, created.output
+    token = created.output.strip().splitlines()[-1]
+    assert token.startswith("p2p_")
+    listed = runner.invoke(app, ["keys", "list"])
+    assert "lab" in said(listed) and "ingest,read" in said(listed)
+    assert runner.invoke(app, ["keys", "revoke", token.split("_")[1]]).exit_code == 0
+    assert runner.invoke(app, ["keys", "revoke", token.split("_")[1]]).exit_code == 1
+    bad_scope = runner.invoke(app, ["keys", "create", "--name", "x", "--scope", "root"])
+    assert bad_scope.exit_code == 2
+
+    status = runner.invoke(app, ["status"])
+    assert status.exit_code == 0 and "figures" in said(status)
+    upgraded = runner.invoke(app, ["db", "upgrade"])
+    assert upgraded.exit_code == 0 and "head" in said(upgraded)
+
+
+def test_bad_configuration_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("P2P_PROFILE", "production")
+    get_settings.cache_clear()
+    try:
+        result = runner.invoke(app, ["status"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 2 and "P2P_DB__URL" in said(result)
+
+
+def test_demo_runs_on_the_embedded_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`p2p demo --no-serve` with no server configured: embedded PostgreSQL, local objects."""
+    import shutil
+    import tempfile
+
+    data_dir = Path(tempfile.mkdtemp(prefix="p2p-demo-test-"))
+    data_dir.chmod(0o755)
+    for var in ("P2P_DB__URL", "P2P_REDIS__URL", "P2P_S3__ENDPOINT", "P2P_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("P2P_DATA_DIR", str(data_dir))
+    get_settings.cache_clear()
+    try:
+        result = runner.invoke(app, ["demo", "--no-serve"])
+        assert result.exit_code == 0, result.output
+        assert "ingested 10, duplicates 0, failed 0" in said(result)
+        objects = list((data_dir / "objects" / "figures").rglob("*.*"))
+        assert len(objects) == 10
+        rerun = runner.invoke(app, ["demo", "--no-serve"])
+        assert rerun.exit_code == 0 and "ingested 0, duplicates 10" in said(rerun)
+    finally:
+        get_settings.cache_clear()
+        shutil.rmtree(data_dir, ignore_errors=True)

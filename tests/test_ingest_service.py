@@ -1,0 +1,99 @@
+"""The ingest service function on its own: concurrency, article merging, image checks."""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from PIL import Image
+
+from p2p.ingest.images import digest_stream, inspect_image
+from p2p.ingest.service import ingest_figure
+from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from p2p.shared.runtime import Runtime
+from p2p.shared.schemas import ArticleIn, FigureMetadata
+from tests.helpers import image_bytes, object_count, row_counts
+
+
+def _ingest(runtime: Runtime, data: bytes, caption: str, metadata: FigureMetadata | None = None):  # type: ignore[no-untyped-def]
+    with runtime.session() as session:
+        return ingest_figure(
+            session=session,
+            store=runtime.store,
+            dispatcher=runtime.dispatcher,
+            settings=runtime.settings,
+            image=io.BytesIO(data),
+            caption=caption,
+            metadata=metadata or FigureMetadata(),
+            source="test",
+        )
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_concurrent_identical_uploads_make_one_figure(runtime: Runtime) -> None:
+    data = image_bytes("PNG", (400, 300), seed=90)
+    meta = FigureMetadata(article=ArticleIn(pmcid="PMC42", title="t"))
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda _: _ingest(runtime, data, "same caption", meta), range(8)))
+    assert len({o.figure.id for o in outcomes}) == 1
+    assert len({o.job.id for o in outcomes}) == 1
+    assert sum(not o.duplicate for o in outcomes) == 1
+    assert row_counts(runtime.engine) == {"figure": 1, "article": 1, "job": 1, "batch": 0}
+    assert object_count(runtime.store) == 1
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_article_found_by_any_id_and_completed(runtime: Runtime) -> None:
+    first = _ingest(runtime, image_bytes(seed=91), "a", FigureMetadata(article=ArticleIn(doi="10.1/x")))
+    second = _ingest(
+        runtime,
+        image_bytes(seed=92),
+        "b",
+        FigureMetadata(article=ArticleIn(doi="10.1/x", pmcid="PMC5", license="CC BY-SA 4.0")),
+    )
+    assert first.figure.article_id == second.figure.article_id
+    with runtime.session() as session:
+        from p2p.shared.db.models import Article
+
+        article = session.get(Article, first.figure.article_id)
+        assert article is not None
+        assert article.pmcid == "PMC5" and article.license == "CC BY-SA 4.0"
+        assert article.license_group.value == "commercial"
+
+
+def test_digest_refuses_past_the_cap_without_reading_on() -> None:
+    class Counting(io.BytesIO):
+        read_bytes = 0
+
+        def read(self, size: int | None = -1) -> bytes:
+            chunk = super().read(size)
+            Counting.read_bytes += len(chunk)
+            return chunk
+
+    stream = Counting(b"x" * (10 * 1024 * 1024))
+    with pytest.raises(PayloadTooLarge):
+        digest_stream(stream, max_bytes=1024 * 1024)
+    assert Counting.read_bytes <= 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "TIFF", "GIF", "BMP", "WEBP"])
+def test_allowed_formats_are_inspected(fmt: str) -> None:
+    data = image_bytes(fmt, (33, 21), seed=3)
+    info = inspect_image(
+        io.BytesIO(data), allowed_formats=("JPEG", "PNG", "TIFF", "GIF", "BMP", "WEBP"), max_pixels=10_000
+    )
+    assert (info.format, info.width, info.height) == (fmt, 33, 21)
+
+
+def test_pixel_cap_is_checked_before_decoding() -> None:
+    buffer = io.BytesIO()
+    Image.new("L", (200, 200)).save(buffer, format="PNG")
+    with pytest.raises(InvalidInput) as err:
+        inspect_image(buffer, allowed_formats=("PNG",), max_pixels=39_999)
+    assert err.value.error_type == "image_too_many_pixels"
+
+
+def test_format_allow_list_is_explicit() -> None:
+    with pytest.raises(UnsupportedMediaType):
+        inspect_image(io.BytesIO(image_bytes("GIF")), allowed_formats=("PNG",), max_pixels=10**6)

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import hashlib
+import io
+
+import pytest
+
+from p2p.shared.storage import (
+    ChecksumMismatch,
+    LocalObjectStore,
+    ObjectNotFound,
+    ObjectStore,
+    S3ObjectStore,
+    StorageError,
+    content_key,
+    validate_key,
+)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest) -> ObjectStore:
+    return request.getfixturevalue("local_store" if request.param == "local" else "s3_store")
+
+
+def _put(store: ObjectStore, key: str, data: bytes, sha: str | None = None, size: int | None = None) -> None:
+    store.put(
+        key,
+        io.BytesIO(data),
+        size=len(data) if size is None else size,
+        sha256=sha or hashlib.sha256(data).hexdigest(),
+        content_type="application/octet-stream",
+    )
+
+
+def test_round_trip_list_delete(store: ObjectStore) -> None:
+    data = bytes(range(256)) * 4096  # 1 MiB
+    key = content_key(hashlib.sha256(data).hexdigest(), "bin")
+    _put(store, key, data)
+    _put(store, "other/x.txt", b"x")
+    assert store.exists(key) and store.size(key) == len(data)
+    assert store.get_bytes(key) == data
+    with store.open(key) as fh:
+        assert fh.read(10) == data[:10]
+    assert sorted(store.list("")) == sorted([key, "other/x.txt"])
+    assert list(store.list("other/")) == ["other/x.txt"]
+    store.delete(key)
+    assert not store.exists(key)
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes(key)
+    store.ping()
+
+
+def test_checksum_mismatch_leaves_nothing(store: ObjectStore) -> None:
+    with pytest.raises(ChecksumMismatch):
+        _put(store, "bad/one", b"payload", sha="0" * 64)
+    assert not store.exists("bad/one")
+    assert list(store.list("bad/")) == []
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a\\b", "a\x00b"])
+def test_keys_cannot_escape(key: str, local_store: LocalObjectStore) -> None:
+    with pytest.raises(StorageError):
+        validate_key(key)
+    with pytest.raises(StorageError):
+        _put(local_store, key, b"x")
+
+
+def test_content_key_is_stable() -> None:
+    sha = hashlib.sha256(b"abc").hexdigest()
+    assert content_key(sha, "PNG") == f"figures/{sha[:2]}/{sha}.png"
+
+
+def test_s3_presigned_url_serves_the_object(s3_store: S3ObjectStore) -> None:
+    import httpx
+
+    _put(s3_store, "p/q.txt", b"presigned")
+    url = s3_store.presigned_url("p/q.txt", expires_s=60)
+    assert httpx.get(url).content == b"presigned"
+
+
+def test_s3_ping_fails_for_missing_bucket(s3_server) -> None:  # type: ignore[no-untyped-def]
+    store = S3ObjectStore(
+        endpoint=s3_server.endpoint,
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+        bucket="does-not-exist-here",
+    )
+    with pytest.raises(StorageError):
+        store.ping()
