@@ -147,19 +147,33 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+RuntimeFactory = Callable[..., Runtime]
+
+
 @pytest.fixture
-def runtime(
+def make_runtime(
     db: Engine, make_settings: SettingsFactory, store_kind: str, request: pytest.FixtureRequest
-) -> Iterator[Runtime]:
-    """Embedded-style runtime (in-process tasks) on the real database, local or S3 store."""
-    overrides: dict[str, Any] = {}
-    if store_kind == "s3":
-        overrides["s3"] = request.getfixturevalue("s3_settings")
-    rt = build_runtime(make_settings(**overrides))
-    set_process_runtime(rt)
-    yield rt
+) -> Iterator[RuntimeFactory]:
+    """Embedded-style runtimes (in-process tasks) on the real database and the parametrized store."""
+    built: list[Runtime] = []
+
+    def factory(**overrides: Any) -> Runtime:
+        if store_kind == "s3":
+            overrides.setdefault("s3", request.getfixturevalue("s3_settings"))
+        rt = build_runtime(make_settings(**overrides))
+        set_process_runtime(rt)
+        built.append(rt)
+        return rt
+
+    yield factory
     set_process_runtime(None)
-    rt.close()
+    for rt in built:
+        rt.close()
+
+
+@pytest.fixture
+def runtime(make_runtime: RuntimeFactory) -> Runtime:
+    return make_runtime()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from p2p.ingest.app import create_app
 from p2p.ingest.samples import write_manifest_folder, write_pmc_package
 from p2p.shared.queue import InProcessDispatcher
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
+from tests.conftest import RuntimeFactory
 from tests.helpers import assert_error, image_bytes, object_count, row_counts
 
 
@@ -28,15 +29,8 @@ def batch_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def batch_runtime(db, make_settings, batch_root: Path, store_kind: str, request) -> Iterator[Runtime]:  # type: ignore[no-untyped-def]
-    overrides: dict[str, Any] = {"ingest": {"batch_roots": [str(batch_root)]}}
-    if store_kind == "s3":
-        overrides["s3"] = request.getfixturevalue("s3_settings")
-    runtime = build_runtime(make_settings(**overrides))
-    set_process_runtime(runtime)
-    yield runtime
-    set_process_runtime(None)
-    runtime.close()
+def batch_runtime(make_runtime: RuntimeFactory, batch_root: Path) -> Runtime:
+    return make_runtime(ingest={"batch_roots": [str(batch_root)]})
 
 
 @pytest.fixture

@@ -38,12 +38,18 @@ def _micrograph(rng: random.Random, size: tuple[int, int], tint: tuple[int, int,
     return img.filter(ImageFilter.GaussianBlur(1.5))
 
 
-def _bar_chart(rng: random.Random, size: tuple[int, int]) -> Image.Image:
+def _axes(size: tuple[int, int]) -> tuple[Image.Image, ImageDraw.ImageDraw]:
     w, h = size
     img = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(img)
     draw.line((30, 10, 30, h - 25), fill="black", width=2)
     draw.line((30, h - 25, w - 10, h - 25), fill="black", width=2)
+    return img, draw
+
+
+def _bar_chart(rng: random.Random, size: tuple[int, int]) -> Image.Image:
+    w, h = size
+    img, draw = _axes(size)
     bars = rng.randint(3, 6)
     step = (w - 50) / bars
     for i in range(bars):
@@ -54,10 +60,7 @@ def _bar_chart(rng: random.Random, size: tuple[int, int]) -> Image.Image:
 
 def _line_chart(rng: random.Random, size: tuple[int, int]) -> Image.Image:
     w, h = size
-    img = Image.new("RGB", size, "white")
-    draw = ImageDraw.Draw(img)
-    draw.line((30, 10, 30, h - 25), fill="black", width=2)
-    draw.line((30, h - 25, w - 10, h - 25), fill="black", width=2)
+    img, draw = _axes(size)
     phase = rng.uniform(0, math.pi)
     points = [(30 + x, (h - 30) / 2 + math.sin(x / 25 + phase) * (h / 4)) for x in range(0, w - 45, 4)]
     draw.line(points, fill=(200, 60, 40), width=3)

@@ -119,15 +119,19 @@ def _find_figure(session: Session, image_sha: str, caption_sha: str) -> Figure |
     ).first()
 
 
-def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJob:
-    backend, version = settings.mining.backend, settings.mining.backend_version
-    job = session.scalars(
+def _find_job(session: Session, figure: Figure, backend: str, version: str) -> MiningJob | None:
+    return session.scalars(
         select(MiningJob).where(
             MiningJob.figure_id == figure.id,
             MiningJob.backend == backend,
             MiningJob.backend_version == version,
         )
     ).first()
+
+
+def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJob:
+    backend, version = settings.mining.backend, settings.mining.backend_version
+    job = _find_job(session, figure, backend, version)
     if job is not None:
         return job
     job = MiningJob(figure_id=figure.id, backend=backend, backend_version=version, status=JobStatus.QUEUED)
@@ -135,13 +139,10 @@ def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJ
         with session.begin_nested():
             session.add(job)
     except IntegrityError:
-        job = session.scalars(
-            select(MiningJob).where(
-                MiningJob.figure_id == figure.id,
-                MiningJob.backend == backend,
-                MiningJob.backend_version == version,
-            )
-        ).one()
+        raced = _find_job(session, figure, backend, version)
+        if raced is None:
+            raise
+        job = raced
     return job
 
 

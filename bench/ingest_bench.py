@@ -1,0 +1,1200 @@
+"""Ingest throughput, latency and memory, each against a reference measured in the same run.
+
+What runs, in order (every server is a subprocess bound to 127.0.0.1 and is stopped at the end):
+
+1. ``bare``: a FastAPI app with one POST endpoint that only reads the body (``await request.body()``),
+   served by uvicorn exactly as ``p2p serve ingest`` serves the product (one process, same defaults).
+   The same app also has ``/form``, which parses the multipart body and nothing else (``bare_form``):
+   it shows how much of the gap is multipart parsing alone.
+2. ``embedded``: ``p2p serve ingest`` on the embedded profile (embedded PostgreSQL, local folder
+   object store, in-process queue) with a fresh data folder.
+3. ``servers``: ``p2p serve ingest`` on the production profile against PostgreSQL, Redis and an S3
+   server (SeaweedFS) started by ``tests/servers.py``, with an API key made by ``p2p keys create``.
+4. ``stages``: one figure at a time in-process through the product's own ``ingest_figure``, with
+   each stage timed (multipart parse, API key check, sha256, Pillow decode, object store, DB).
+5. ``bare`` again, to show how much the machine drifted during the run.
+6. ``batch_memory``: a manifest folder of ``--batch-mb`` distinct ~1 MB images ingested through
+   ``POST /v1/batches`` on a fresh embedded server, sampling the server's RSS against progress.
+
+Each load scenario posts N new (never duplicate) ~1 MB JPEG figures from 16 concurrent clients and
+reports figures/s, p50/p99 latency, errors, and the server's RSS (sampled every 50 ms) and CPU time.
+Absolute numbers depend on the machine; the ratios to ``bare`` are the result.
+
+    .venv/bin/python bench/ingest_bench.py [--figures N] [--clients 16] [--batch-mb 500]
+        [--out bench/results/ingest.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from fastapi import Request  # module level: the bare app's annotations resolve against these globals
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MB = 1_000_000
+MiB = 1024 * 1024
+TARGET_COST_RATIO = 3.0  # ingest may cost at most 3x the bare endpoint
+FLAT_PEAK_FRACTION = 0.10  # "flat": peak RSS growth under 10% of the batch size ...
+FLAT_TAIL_FRACTION = 0.05  # ... and RSS(100%) - RSS(50%) under 5% of it
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# --- figures ---------------------------------------------------------------------------------
+
+
+class FigureFactory:
+    """Distinct ~1 MB JPEGs, cheaply.
+
+    A few noisy base images are encoded once, at the JPEG quality that brings them closest to the
+    target size. Each figure is a base image with a JPEG comment segment (FF FE) carrying a unique
+    tag inserted right after the start-of-image marker: still a valid JPEG that Pillow decodes in
+    full, but every figure has its own sha256, so the server never sees a duplicate.
+    """
+
+    def __init__(self, target_bytes: int = MB, size: tuple[int, int] = (1000, 800), bases: int = 6) -> None:
+        from PIL import Image, ImageFilter
+
+        rng = random.Random(20261122)
+        self.bases: list[bytes] = []
+        width, height = size
+        for _ in range(bases):
+            noise = Image.frombytes("RGB", size, rng.randbytes(width * height * 3))
+            # A soft gradient under the noise, so the images are not pure static.
+            gradient = Image.linear_gradient("L").resize(size).convert("RGB")
+            image = Image.blend(noise.filter(ImageFilter.GaussianBlur(0.5)), gradient, 0.3)
+            self.bases.append(self._closest_quality(image, target_bytes))
+        self.size = size
+        self.mean_bytes = int(statistics.fmean(len(b) for b in self.bases))
+
+    @staticmethod
+    def _closest_quality(image: Any, target: int) -> bytes:
+        best: bytes | None = None
+        for quality in range(70, 100):
+            buffer = io.BytesIO()
+            image.save(buffer, format="JPEG", quality=quality)
+            data = buffer.getvalue()
+            if best is None or abs(len(data) - target) < abs(len(best) - target):
+                best = data
+            if len(data) > target:
+                break
+        assert best is not None
+        return best
+
+    def figure(self, tag: str, index: int) -> bytes:
+        base = self.bases[index % len(self.bases)]
+        payload = f"panel2patch bench {tag} #{index} {uuid.uuid4().hex}".encode()
+        segment = b"\xff\xfe" + (len(payload) + 2).to_bytes(2, "big") + payload
+        return base[:2] + segment + base[2:]
+
+
+def caption_for(tag: str, index: int) -> str:
+    return (
+        f"Figure {index + 1} ({tag}). (A) H&E staining of liver tissue; arrows mark portal tracts. "
+        "(B) Quantification of positive cells per field (mean +/- s.d., n = 6). Scale bars, 50 um."
+    )
+
+
+BOUNDARY = "p2pbench" + uuid.uuid4().hex
+
+
+def multipart_body(image: bytes, caption: str, filename: str) -> tuple[bytes, str]:
+    """The multipart/form-data body a browser or httpx would send: a caption field and the image."""
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="caption"\r\n\r\n{caption}\r\n'
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="image"; filename="{filename}"\r\n'
+        "Content-Type: image/jpeg\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{BOUNDARY}--\r\n".encode()
+    return head + image + tail, f"multipart/form-data; boundary={BOUNDARY}"
+
+
+# --- process groups: RSS and CPU ---------------------------------------------------------------
+
+
+class ProcessGroup:
+    """A process and its descendants; the descendant list is refreshed at most once a second."""
+
+    def __init__(self, name: str, root_pid: int) -> None:
+        self.name = name
+        self.root = psutil.Process(root_pid)
+        self._members: list[psutil.Process] = [self.root]
+        self._refreshed = 0.0
+        self._gone_cpu = 0.0
+        self._last_cpu: dict[int, float] = {}
+
+    def members(self) -> list[psutil.Process]:
+        now = time.monotonic()
+        if now - self._refreshed > 1.0:
+            self._refreshed = now
+            with contextlib.suppress(psutil.Error):
+                self._members = [self.root, *self.root.children(recursive=True)]
+        return self._members
+
+    def rss(self) -> tuple[int, int]:
+        """(RSS of the root process, RSS of the whole group) in bytes."""
+        root = total = 0
+        for proc in self.members():
+            try:
+                value = proc.memory_info().rss
+            except psutil.Error:
+                continue
+            total += value
+            if proc.pid == self.root.pid:
+                root = value
+        return root, total
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the group so far, counting members that have since exited."""
+        seen: dict[int, float] = {}
+        for proc in self.members():
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            seen[proc.pid] = t.user + t.system
+        for pid, value in self._last_cpu.items():
+            if pid not in seen:
+                self._gone_cpu += value
+        self._last_cpu = seen
+        return self._gone_cpu + sum(seen.values())
+
+
+class RssSampler(threading.Thread):
+    """Samples RSS of several process groups every ``interval`` seconds."""
+
+    def __init__(self, groups: list[ProcessGroup], interval: float = 0.05) -> None:
+        super().__init__(daemon=True, name="rss-sampler")
+        self.groups = groups
+        self.interval = interval
+        self.samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
+        self._halt = threading.Event()
+
+    def sample(self) -> dict[str, tuple[int, int]]:
+        return {g.name: g.rss() for g in self.groups}
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.samples.append((time.monotonic(), self.sample()))
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+
+    def peak(self, group: str, whole: bool = False) -> int:
+        idx = 1 if whole else 0
+        values = [s[group][idx] for _, s in self.samples if group in s]
+        return max(values) if values else 0
+
+    def at(self, when: float, group: str) -> int:
+        """RSS of the group's root at the last sample taken at or before ``when``."""
+        best = self.samples[0][1][group][0] if self.samples else 0
+        for t, s in self.samples:
+            if t > when:
+                break
+            best = s[group][0]
+        return best
+
+
+def postmaster_pid(pgdata: Path) -> int | None:
+    pidfile = pgdata / "postmaster.pid"
+    try:
+        return int(pidfile.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# --- servers ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scratch_dir(prefix: str) -> Path:
+    # Not under a 0700 folder: the embedded PostgreSQL runs as its own system user under root.
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+class ServerProcess:
+    """An HTTP server in a subprocess of its own session, logging to a file."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, log_path: Path) -> None:
+        self.name, self.cmd, self.env, self.port, self.log_path = name, cmd, env, port, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pgdata: Path | None = None  # the embedded PostgreSQL it starts, if any
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, ready_path: str, timeout: float = 180.0) -> None:
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + ready_path, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # uvicorn shuts down gracefully: lifespan closes
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.pgdata is not None:
+            # The server stops its embedded PostgreSQL on shutdown; make sure, if it was killed.
+            pid = postmaster_pid(self.pgdata)
+            if pid is not None and psutil.pid_exists(pid):
+                with contextlib.suppress(psutil.Error):
+                    postmaster = psutil.Process(pid)
+                    postmaster.send_signal(signal.SIGINT)  # fast shutdown
+                    postmaster.wait(30)
+
+
+def bare_server(port: int, workdir: Path) -> ServerProcess:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-bare", str(port)]
+    return ServerProcess("bare", cmd, clean_env(), port, workdir / "bare.log")
+
+
+def ingest_server(name: str, port: int, workdir: Path, p2p_env: dict[str, str]) -> ServerProcess:
+    env = {**clean_env(), "P2P_LOG_LEVEL": "WARNING", **p2p_env}
+    cmd = [str(BIN / "p2p"), "serve", "ingest", "--host", "127.0.0.1", "--port", str(port)]
+    return ServerProcess(name, cmd, env, port, workdir / f"{name}.log")
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without any P2P_ setting, so each server gets only what it is given."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("P2P_")}
+
+
+def run_bare_app(port: int) -> None:
+    """The reference: uvicorn with the same settings ``p2p serve ingest`` uses, one process."""
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title="bare reference")
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/body")
+    async def body(request: Request) -> JSONResponse:
+        data = await request.body()
+        return JSONResponse({"bytes": len(data)})
+
+    @app.post("/form")
+    async def form(request: Request) -> JSONResponse:
+        parsed = await request.form()
+        try:
+            image = parsed["image"]
+            size = len(await image.read()) if hasattr(image, "read") else len(image)
+        finally:
+            await parsed.close()
+        return JSONResponse({"bytes": size})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+# --- load ------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    name: str
+    figures: int
+    clients: int
+    wall_s: float
+    latencies_s: list[float]
+    errors: int
+    error_samples: list[str]
+    statuses: dict[int, int]
+    bytes_sent: int
+    server: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fps(self) -> float:
+        return self.figures / self.wall_s if self.wall_s else 0.0
+
+    def percentile(self, q: float) -> float:
+        data = sorted(self.latencies_s)
+        if not data:
+            return float("nan")
+        rank = q / 100 * (len(data) - 1)
+        lo = int(rank)
+        hi = min(lo + 1, len(data) - 1)
+        return data[lo] + (data[hi] - data[lo]) * (rank - lo)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "figures": self.figures,
+            "clients": self.clients,
+            "wall_s": round(self.wall_s, 3),
+            "figures_per_s": round(self.fps, 2),
+            "mb_per_s": round(self.bytes_sent / MB / self.wall_s, 2) if self.wall_s else 0.0,
+            "latency_ms": {
+                "p50": round(self.percentile(50) * 1000, 1),
+                "p90": round(self.percentile(90) * 1000, 1),
+                "p99": round(self.percentile(99) * 1000, 1),
+                "max": round(max(self.latencies_s) * 1000, 1) if self.latencies_s else None,
+                "mean": round(statistics.fmean(self.latencies_s) * 1000, 1) if self.latencies_s else None,
+            },
+            "errors": self.errors,
+            "error_samples": self.error_samples,
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            **self.server,
+        }
+
+
+async def _post_all(
+    url: str,
+    bodies: Callable[[int], tuple[bytes, str]],
+    indices: list[int],
+    clients: int,
+    headers: dict[str, str],
+    expect: int,
+) -> tuple[float, list[float], int, list[str], dict[int, int], int]:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    samples: list[str] = []
+    errors = 0
+    sent = 0
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in indices:
+        queue.put_nowait(i)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    timeout = httpx.Timeout(300.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+
+        async def worker() -> None:
+            nonlocal errors, sent
+            while True:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                content, content_type = bodies(i)
+                request_headers = {**headers, "content-type": content_type}
+                start = time.perf_counter()
+                try:
+                    response = await client.post(url, content=content, headers=request_headers)
+                    status, text = response.status_code, response.text
+                except httpx.HTTPError as exc:
+                    status, text = -1, f"{type(exc).__name__}: {exc}"
+                latencies.append(time.perf_counter() - start)
+                sent += len(content)
+                statuses[status] = statuses.get(status, 0) + 1
+                if status != expect:
+                    errors += 1
+                    if len(samples) < 5:
+                        samples.append(f"{status}: {text[:300]}")
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - start
+    return wall, latencies, errors, samples, statuses, sent
+
+
+def run_load(
+    name: str,
+    url: str,
+    factory: FigureFactory,
+    *,
+    figures: int,
+    clients: int,
+    warmup: int,
+    expect: int,
+    headers: dict[str, str] | None = None,
+    groups: list[ProcessGroup],
+) -> LoadResult:
+    tag = f"{name}-{uuid.uuid4().hex[:8]}"
+
+    def bodies(i: int) -> tuple[bytes, str]:
+        return multipart_body(factory.figure(tag, i), caption_for(tag, i), f"{tag}-{i}.jpg")
+
+    headers = headers or {}
+    # Warm up: connections, thread pools, DB pool, imports on first use. Figures stay distinct.
+    w = asyncio.run(_post_all(url, bodies, list(range(figures, figures + warmup)), clients, headers, expect))
+    if w[2]:
+        log(f"  warm-up of {name}: {w[2]} unexpected responses, e.g. {w[3][:2]}")
+    sampler = RssSampler(groups)
+    before = sampler.sample()
+    cpu_before = {g.name: g.cpu_seconds() for g in groups}
+    own = psutil.Process()
+    client_cpu_before = sum(own.cpu_times()[:2])
+    sampler.start()
+    try:
+        wall, latencies, errors, samples, statuses, sent = asyncio.run(
+            _post_all(url, bodies, list(range(figures)), clients, headers, expect)
+        )
+    finally:
+        sampler.stop()
+    after = sampler.sample()
+    cpu = {g.name: g.cpu_seconds() - cpu_before[g.name] for g in groups}
+    client_cpu = sum(own.cpu_times()[:2]) - client_cpu_before
+    result = LoadResult(name, figures, clients, wall, latencies, errors, samples, statuses, sent)
+    server: dict[str, Any] = {}
+    for g in groups:
+        server[f"{g.name}_rss_mb"] = {
+            "before": round(before[g.name][0] / MiB, 1),
+            "peak": round(sampler.peak(g.name) / MiB, 1),
+            "after": round(after[g.name][0] / MiB, 1),
+        }
+        if len(g.members()) > 1 or g.name != "server":
+            server[f"{g.name}_tree_rss_mb"] = {
+                "before": round(before[g.name][1] / MiB, 1),
+                "peak": round(sampler.peak(g.name, whole=True) / MiB, 1),
+                "after": round(after[g.name][1] / MiB, 1),
+            }
+        server[f"{g.name}_cpu_ms_per_figure"] = round(cpu[g.name] * 1000 / figures, 2)
+    server["client_cpu_ms_per_figure"] = round(client_cpu * 1000 / figures, 2)
+    server["rss_samples"] = len(sampler.samples)
+    result.server = server
+    s = result.summary()
+    log(
+        f"  {name}: {s['figures_per_s']} figures/s, p50 {s['latency_ms']['p50']} ms, "
+        f"p99 {s['latency_ms']['p99']} ms, errors {errors}, server peak RSS "
+        f"{server['server_rss_mb']['peak']} MiB, server CPU {server['server_cpu_ms_per_figure']} ms/figure"
+    )
+    for sample in samples[:3]:
+        log(f"    error: {sample}")
+    return result
+
+
+# --- scenarios -------------------------------------------------------------------------------
+
+
+def scenario_bare(workdir: Path, factory: FigureFactory, args: argparse.Namespace, tag: str) -> dict:
+    server = bare_server(free_port(), workdir)
+    try:
+        server.start("/healthz")
+        assert server.proc is not None
+        groups = [ProcessGroup("server", server.proc.pid)]
+        out = {}
+        # The multipart-only endpoint is measured once, in the first reference run.
+        runs = [("/body", tag), ("/form", f"{tag}_form")] if tag == "bare" else [("/body", tag)]
+        for path, name in runs:
+            log(f"{name}: {args.figures} figures to {path}")
+            out[name] = run_load(
+                name,
+                server.base_url + path,
+                factory,
+                figures=args.figures,
+                clients=args.clients,
+                warmup=args.warmup,
+                expect=200,
+                groups=groups,
+            ).summary()
+        return out
+    finally:
+        server.stop()
+
+
+def scenario_embedded(workdir: Path, factory: FigureFactory, args: argparse.Namespace) -> dict:
+    data = scratch_dir("p2p-bench-embedded-")
+    server = ingest_server("embedded", free_port(), workdir, {"P2P_DATA_DIR": str(data)})
+    server.pgdata = data / "pg"
+    try:
+        log("embedded: starting p2p serve ingest (embedded PostgreSQL, local objects, in-process queue)")
+        server.start("/readyz")
+        assert server.proc is not None
+        groups = [ProcessGroup("server", server.proc.pid)]
+        pid = postmaster_pid(server.pgdata)
+        if pid is not None:
+            groups.append(ProcessGroup("postgres", pid))
+        log(f"embedded: {args.figures} figures to /v1/figures")
+        result = run_load(
+            "embedded",
+            server.base_url + "/v1/figures",
+            factory,
+            figures=args.figures,
+            clients=args.clients,
+            warmup=args.warmup,
+            expect=202,
+            groups=groups,
+        )
+        return result.summary()
+    finally:
+        server.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@dataclass
+class Backends:
+    workdir: Path
+    pg: Any = None
+    redis: Any = None
+    s3: Any = None
+    bucket: str = field(default_factory=lambda: f"p2p-bench-{uuid.uuid4().hex[:10]}")
+    redis_keys_before: set[bytes] = field(default_factory=set)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "P2P_PROFILE": "production",
+            "P2P_DATA_DIR": str(self.workdir / "data"),
+            "P2P_DB__URL": self.pg.url,
+            "P2P_REDIS__URL": self.redis.url,
+            "P2P_S3__ENDPOINT": self.s3.endpoint,
+            "P2P_S3__ACCESS_KEY": self.s3.access_key,
+            "P2P_S3__SECRET_KEY": self.s3.secret_key,
+            "P2P_S3__BUCKET": self.bucket,
+        }
+
+    def stop(self) -> None:
+        if self.redis is not None:
+            self._drop_new_redis_keys()
+            self.redis.stop()
+        if self.s3 is not None:
+            self.s3.stop()
+        if self.pg is not None:
+            self.pg.stop()
+
+    def _redis_keys(self) -> set[bytes]:
+        import redis
+
+        client = redis.Redis.from_url(self.redis.url)
+        try:
+            return set(client.scan_iter(count=1000))
+        finally:
+            client.close()
+
+    def _drop_new_redis_keys(self) -> None:
+        # The machine's Redis may be shared: remove only the keys this run created (queued tasks).
+        import redis
+
+        with contextlib.suppress(Exception):
+            new = self._redis_keys() - self.redis_keys_before
+            if new:
+                client = redis.Redis.from_url(self.redis.url)
+                client.delete(*new)
+                client.close()
+
+
+def start_backends(workdir: Path) -> Backends:
+    sys.path.insert(0, str(ROOT))
+    from tests import servers
+
+    backends = Backends(workdir)
+    try:
+        log("servers: starting PostgreSQL (tests/servers.start_postgres)")
+        backends.pg = servers.start_postgres(workdir / "pg", database="p2p_bench")
+        log("servers: Redis (tests/servers.start_redis, database 14)")
+        backends.redis = servers.start_redis(workdir / "redis", db=14)
+        backends.redis_keys_before = backends._redis_keys()
+        log("servers: starting SeaweedFS S3 (tests/servers.start_s3)")
+        backends.s3 = servers.start_s3(workdir / "s3")
+    except BaseException:
+        backends.stop()
+        raise
+    return backends
+
+
+def p2p_cli(args: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [str(BIN / "p2p"), *args], env={**clean_env(), **env}, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"p2p {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout.strip()
+
+
+def scenario_servers(
+    workdir: Path, factory: FigureFactory, args: argparse.Namespace, backends: Backends
+) -> tuple[dict, str]:
+    env = backends.env()
+    log("servers: p2p db upgrade")
+    p2p_cli(["db", "upgrade"], env)
+    token = p2p_cli(["keys", "create", "--name", "bench", "--scope", "ingest"], env).splitlines()[-1].strip()
+    server = ingest_server("servers", free_port(), workdir, env)
+    try:
+        log("servers: starting p2p serve ingest (production profile: PostgreSQL, Redis, S3, API key)")
+        server.start("/readyz")
+        assert server.proc is not None
+        groups = [ProcessGroup("server", server.proc.pid)]
+        pid = postmaster_pid(Path(backends.pg.embedded.data_dir)) if backends.pg.embedded else None
+        if pid is not None:
+            groups.append(ProcessGroup("postgres", pid))
+        if backends.s3.process is not None:
+            groups.append(ProcessGroup("s3", backends.s3.process.pid))
+        log(f"servers: {args.figures} figures to /v1/figures")
+        result = run_load(
+            "servers",
+            server.base_url + "/v1/figures",
+            factory,
+            figures=args.figures,
+            clients=args.clients,
+            warmup=args.warmup,
+            expect=202,
+            headers={"Authorization": f"Bearer {token}"},
+            groups=groups,
+        )
+        return result.summary(), token
+    finally:
+        server.stop()
+
+
+# --- stages ----------------------------------------------------------------------------------
+
+
+class StageClock:
+    def __init__(self) -> None:
+        self.totals: dict[str, list[float]] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.totals.setdefault(name, []).append(seconds)
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.add(name, time.perf_counter() - start)
+
+        return timed
+
+    def ms(self, name: str, count: int) -> float:
+        return sum(self.totals.get(name, [])) * 1000 / count
+
+
+async def _parse_multipart(body: bytes, content_type: str) -> Any:
+    from starlette.datastructures import Headers
+    from starlette.formparsers import MultiPartParser
+
+    async def stream() -> Any:
+        # uvicorn (h11) hands the body to the app in chunks of this size.
+        for i in range(0, len(body), 65536):
+            yield body[i : i + 65536]
+
+    return await MultiPartParser(Headers({"content-type": content_type}), stream()).parse()
+
+
+@contextlib.contextmanager
+def instrumented(runtime: Any, clock: StageClock) -> Iterator[None]:
+    """Time the stages of the product's ``ingest_figure`` by wrapping what it calls."""
+    from p2p.ingest import service
+
+    saved = (service.digest_stream, service.inspect_image)
+    service.digest_stream = clock.wrap("sha256 + size (digest_stream)", service.digest_stream)
+    service.inspect_image = clock.wrap("Pillow identify + decode (inspect_image)", service.inspect_image)
+    store, dispatcher = runtime.store, runtime.dispatcher
+    store.exists = clock.wrap("object store exists()", store.exists)
+    store.put = clock.wrap("object store put()", store.put)
+    dispatcher.send = clock.wrap("queue dispatch (dispatcher.send)", dispatcher.send)
+    try:
+        yield
+    finally:
+        service.digest_stream, service.inspect_image = saved
+        for obj, names in ((store, ("exists", "put")), (dispatcher, ("send",))):
+            for name in names:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+
+
+def measure_stages(
+    label: str, settings: Any, factory: FigureFactory, count: int, token: str | None, profile: bool
+) -> dict:
+    """Ingest ``count`` figures one at a time in-process; time each stage of the request."""
+    from p2p.ingest.service import ingest_figure
+    from p2p.shared.auth import authenticate
+    from p2p.shared.runtime import build_runtime
+    from p2p.shared.schemas import FigureMetadata
+
+    runtime = build_runtime(settings)
+    clock = StageClock()
+    tag = f"stages-{label}-{uuid.uuid4().hex[:8]}"
+    loop = asyncio.new_event_loop()
+    profiler = cProfile.Profile() if profile else None
+
+    def one(i: int, timed: bool) -> None:
+        body, ctype = multipart_body(factory.figure(tag, i), caption_for(tag, i), f"{i}.jpg")
+        start = time.perf_counter()
+        form = loop.run_until_complete(_parse_multipart(body, ctype))
+        parsed = time.perf_counter()
+        try:
+            with runtime.session() as session:
+                if token:
+                    authenticate(session, f"Bearer {token}")
+                authed = time.perf_counter()
+                outcome = ingest_figure(
+                    session=session,
+                    store=runtime.store,
+                    dispatcher=runtime.dispatcher,
+                    settings=runtime.settings,
+                    image=form["image"].file,
+                    caption=str(form["caption"]),
+                    metadata=FigureMetadata(),
+                    source="api",
+                )
+                done = time.perf_counter()
+            assert not outcome.duplicate
+        finally:
+            loop.run_until_complete(form.close())
+        if timed:
+            clock.add("multipart parse (Starlette/python-multipart)", parsed - start)
+            if token:
+                clock.add("API key check + last_used_at commit", authed - parsed)
+            clock.add("ingest_figure total", done - authed)
+            clock.add("request total (in-process)", done - start)
+
+    try:
+        for i in range(3):  # warm-up: first-use imports, pool connections
+            one(count + i, timed=False)
+        with instrumented(runtime, clock):
+            for i in range(count):
+                one(i, timed=True)
+        top: list[str] = []
+        if profiler is not None:
+            profiler.enable()
+            for i in range(count + 3, count + 3 + min(count, 20)):
+                one(i, timed=False)
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+            top = [line.rstrip() for line in text.getvalue().splitlines() if line.strip()][-15:]
+    finally:
+        loop.close()
+        runtime.close()
+
+    parts = [
+        "sha256 + size (digest_stream)",
+        "Pillow identify + decode (inspect_image)",
+        "object store exists()",
+        "object store put()",
+        "queue dispatch (dispatcher.send)",
+    ]
+    total = clock.ms("ingest_figure total", count)
+    stages = {name: round(clock.ms(name, count), 2) for name in parts}
+    stages["database (lookups, inserts, commits) + rest"] = round(total - sum(stages.values()), 2)
+    result = {
+        "figures": count,
+        "ms_per_figure": {
+            "multipart parse (Starlette/python-multipart)": round(
+                clock.ms("multipart parse (Starlette/python-multipart)", count), 2
+            ),
+            **(
+                {
+                    "API key check + last_used_at commit": round(
+                        clock.ms("API key check + last_used_at commit", count), 2
+                    )
+                }
+                if token
+                else {}
+            ),
+            **stages,
+            "ingest_figure total": round(total, 2),
+            "request total (in-process)": round(clock.ms("request total (in-process)", count), 2),
+        },
+    }
+    if top:
+        result["cprofile_top_tottime"] = top
+    log(f"  stages {label}: " + ", ".join(f"{k} {v}" for k, v in result["ms_per_figure"].items()))
+    return result
+
+
+def stage_settings_embedded(data: Path) -> Any:
+    from p2p.shared.settings import Settings
+
+    return Settings(profile="embedded", data_dir=data, log_level="WARNING")
+
+
+def stage_settings_servers(backends: Backends) -> Any:
+    from p2p.shared.settings import DatabaseSettings, RedisSettings, S3Settings, Settings
+
+    return Settings(
+        profile="production",
+        data_dir=backends.workdir / "data",
+        log_level="WARNING",
+        db=DatabaseSettings(url=backends.pg.url),
+        redis=RedisSettings(url=backends.redis.url),
+        s3=S3Settings(
+            endpoint=backends.s3.endpoint,
+            access_key=backends.s3.access_key,
+            secret_key=backends.s3.secret_key,
+            bucket=backends.bucket,
+        ),
+    )
+
+
+# --- batch memory ----------------------------------------------------------------------------
+
+
+def write_batch(folder: Path, factory: FigureFactory, total_mb: int) -> tuple[int, int]:
+    """A manifest folder of distinct ~1 MB figures adding up to ``total_mb`` MB."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tag = f"batch-{uuid.uuid4().hex[:8]}"
+    written = count = 0
+    lines = []
+    while written < total_mb * MB:
+        data = factory.figure(tag, count)
+        name = f"fig_{count:05d}.jpg"
+        (folder / name).write_bytes(data)
+        lines.append(json.dumps({"image": name, "caption": caption_for(tag, count)}))
+        written += len(data)
+        count += 1
+    (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    return count, written
+
+
+def scenario_batch_memory(workdir: Path, factory: FigureFactory, args: argparse.Namespace) -> dict:
+    root = scratch_dir("p2p-bench-batchroot-")
+    data = scratch_dir("p2p-bench-batchdata-")
+    folder = root / "figures"
+    server: ServerProcess | None = None
+    try:
+        log(f"batch_memory: writing a {args.batch_mb} MB manifest folder")
+        count, written = write_batch(folder, factory, args.batch_mb)
+        env = {"P2P_DATA_DIR": str(data), "P2P_INGEST__BATCH_ROOTS": json.dumps([str(root)])}
+        server = ingest_server("batch", free_port(), workdir, env)
+        server.pgdata = data / "pg"
+        log(f"batch_memory: {count} figures, {written / MB:.0f} MB; starting an embedded server")
+        server.start("/readyz")
+        assert server.proc is not None
+        group = ProcessGroup("server", server.proc.pid)
+        sampler = RssSampler([group])
+        sampler.start()
+        time.sleep(1.0)
+        cpu_before = group.cpu_seconds()
+        start_rss = sampler.sample()["server"][0]
+        progress: list[tuple[float, int]] = []
+        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+            started = time.monotonic()
+            response = client.post("/v1/batches", json={"kind": "manifest", "source": str(folder)})
+            if response.status_code != 202:
+                raise RuntimeError(f"POST /v1/batches: {response.status_code} {response.text[:500]}")
+            batch_id = response.json()["id"]
+            status: dict[str, Any] = {}
+            deadline = started + max(1800.0, count * 2.0)
+            while time.monotonic() < deadline:
+                status = client.get(f"/v1/batches/{batch_id}").json()
+                progress.append((time.monotonic(), int(status.get("processed", 0))))
+                if status.get("status") in ("succeeded", "completed_with_errors", "failed"):
+                    break
+                time.sleep(0.25)
+            finished = time.monotonic()
+        time.sleep(1.0)
+        sampler.stop()
+        cpu = group.cpu_seconds() - cpu_before
+        end_rss = sampler.sample()["server"][0]
+        peak = sampler.peak("server")
+        at_progress = {}
+        for pct in (25, 50, 75, 100):
+            needed = count * pct / 100
+            when = next((t for t, done in progress if done >= needed), finished)
+            at_progress[f"{pct}%"] = round(sampler.at(when, "server") / MiB, 1)
+        growth = (peak - start_rss) / MiB
+        tail = at_progress["100%"] - at_progress["50%"]
+        batch_mib = written / MiB
+        elapsed = finished - started
+        result = {
+            "figures": count,
+            "batch_mb": round(written / MB, 1),
+            "status": status.get("status"),
+            "ingested": status.get("ingested"),
+            "duplicates": status.get("duplicates"),
+            "failed": status.get("failed"),
+            "error": status.get("error"),
+            "wall_s": round(elapsed, 2),
+            "figures_per_s": round(count / elapsed, 2) if elapsed else None,
+            "server_cpu_ms_per_figure": round(cpu * 1000 / count, 2),
+            "server_rss_mb": {
+                "start": round(start_rss / MiB, 1),
+                **at_progress,
+                "peak": round(peak / MiB, 1),
+                "after_idle_1s": round(end_rss / MiB, 1),
+            },
+            "peak_growth_mb": round(growth, 1),
+            "peak_growth_fraction_of_batch": round(growth / batch_mib, 4),
+            "growth_50_to_100_percent_mb": round(tail, 1),
+            "flat": growth <= FLAT_PEAK_FRACTION * batch_mib and tail <= FLAT_TAIL_FRACTION * batch_mib,
+            "rss_samples": len(sampler.samples),
+            "rss_trace_mb": _downsample(sampler, started, "server", points=40),
+        }
+        log(
+            f"  batch: {status.get('status')} {status.get('ingested')} ingested in {elapsed:.1f} s; "
+            "RSS start "
+            f"{result['server_rss_mb']['start']} peak {result['server_rss_mb']['peak']} MiB "
+            f"(growth {growth:.1f} MiB = {growth / batch_mib:.1%} of the batch)"
+        )
+        return result
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _downsample(sampler: RssSampler, t0: float, group: str, points: int) -> list[tuple[float, float]]:
+    samples = sampler.samples
+    if not samples:
+        return []
+    step = max(1, len(samples) // points)
+    return [(round(t - t0, 2), round(s[group][0] / MiB, 1)) for t, s in samples[::step]]
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def machine_info() -> dict:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    from importlib.metadata import PackageNotFoundError, version
+
+    for package in ("fastapi", "starlette", "uvicorn", "python-multipart", "pillow", "httpx", "h11"):
+        with contextlib.suppress(PackageNotFoundError):
+            versions[package] = version(package)
+    for package in ("httptools", "uvloop"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = "not installed"
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model or platform.processor(),
+        "memory_gb": round(psutil.virtual_memory().total / 1024**3, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": versions,
+    }
+
+
+def ratios(results: dict) -> dict:
+    bare_runs = [results[k] for k in ("bare", "bare_repeat") if k in results]
+    bare_fps = statistics.fmean(r["figures_per_s"] for r in bare_runs)
+    bare_p50 = statistics.fmean(r["latency_ms"]["p50"] for r in bare_runs)
+    bare_p99 = statistics.fmean(r["latency_ms"]["p99"] for r in bare_runs)
+    bare_cpu = statistics.fmean(r["server_cpu_ms_per_figure"] for r in bare_runs)
+    out: dict[str, Any] = {
+        "reference": {
+            "bare_figures_per_s": round(bare_fps, 2),
+            "bare_p50_ms": round(bare_p50, 1),
+            "bare_p99_ms": round(bare_p99, 1),
+            "bare_server_cpu_ms_per_figure": round(bare_cpu, 2),
+            "runs": len(bare_runs),
+            "drift_figures_per_s": (
+                round(results["bare_repeat"]["figures_per_s"] / results["bare"]["figures_per_s"], 3)
+                if "bare_repeat" in results
+                else None
+            ),
+        }
+    }
+    for name in ("bare_form", "embedded", "servers"):
+        if name not in results:
+            continue
+        r = results[name]
+        cost = bare_fps / r["figures_per_s"] if r["figures_per_s"] else float("inf")
+        out[name] = {
+            "cost_x_bare_throughput": round(cost, 2),
+            "p50_x_bare": round(r["latency_ms"]["p50"] / bare_p50, 2),
+            "p99_x_bare": round(r["latency_ms"]["p99"] / bare_p99, 2),
+            "server_cpu_x_bare": round(r["server_cpu_ms_per_figure"] / bare_cpu, 2) if bare_cpu else None,
+            "meets_3x_target": cost <= TARGET_COST_RATIO and name != "bare_form",
+        }
+        if name == "bare_form":
+            out[name].pop("meets_3x_target")
+    return out
+
+
+def print_table(results: dict, report_ratios: dict) -> None:
+    rows = [("scenario", "fig/s", "p50 ms", "p99 ms", "errors", "peak RSS MiB", "srv CPU ms/fig", "x bare")]
+    for name in ("bare", "bare_form", "embedded", "servers", "bare_repeat"):
+        if name not in results:
+            continue
+        r = results[name]
+        cost = report_ratios.get(name, {}).get("cost_x_bare_throughput", "")
+        rows.append(
+            (
+                name,
+                f"{r['figures_per_s']:.1f}",
+                f"{r['latency_ms']['p50']:.0f}",
+                f"{r['latency_ms']['p99']:.0f}",
+                str(r["errors"]),
+                f"{r['server_rss_mb']['peak']:.0f}",
+                f"{r['server_cpu_ms_per_figure']:.1f}",
+                f"{cost}" if cost != "" else "1.00" if name.startswith("bare") else "",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print()
+    for row in rows:
+        print(
+            "  ".join(
+                cell.rjust(w) if i else cell.ljust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--figures", type=int, default=None, help="figures per load scenario (default 400)")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    parser.add_argument("--batch-mb", type=int, default=None, help="batch size in MB (default 500)")
+    parser.add_argument("--stage-figures", type=int, default=None, help="figures timed per stage run")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ingest.json")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 48 figures, 48 MB batch")
+    parser.add_argument("--skip-servers", action="store_true", help="no PostgreSQL/Redis/S3 scenario")
+    parser.add_argument("--skip-batch", action="store_true", help="no batch memory scenario")
+    parser.add_argument("--serve-bare", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_bare is not None:
+        run_bare_app(args.serve_bare)
+        return 0
+    args.figures = args.figures or (48 if args.quick else 400)
+    args.batch_mb = args.batch_mb or (48 if args.quick else 500)
+    args.stage_figures = args.stage_figures or (10 if args.quick else 40)
+    args.warmup = args.clients
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    workdir = scratch_dir("p2p-bench-")
+    backends: Backends | None = None
+    results: dict[str, Any] = {}
+    report: dict[str, Any] = {
+        "benchmark": "ingest",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "config": {
+            "figures_per_scenario": args.figures,
+            "clients": args.clients,
+            "warmup_requests": args.warmup,
+            "batch_mb": args.batch_mb,
+            "quick": args.quick,
+        },
+    }
+    started = time.monotonic()
+    try:
+        log("generating figures")
+        factory = FigureFactory()
+        report["config"]["figure_bytes_mean"] = factory.mean_bytes
+        report["config"]["figure_pixels"] = list(factory.size)
+        log(
+            f"  {len(factory.bases)} base JPEGs of {factory.size[0]}x{factory.size[1]}, "
+            f"~{factory.mean_bytes} bytes each"
+        )
+        results.update(scenario_bare(workdir, factory, args, "bare"))
+        results["embedded"] = scenario_embedded(workdir, factory, args)
+        stage_report: dict[str, Any] = {}
+        stage_data = scratch_dir("p2p-bench-stages-")
+        try:
+            log("stages: embedded profile, in-process")
+            stage_report["embedded"] = measure_stages(
+                "embedded", stage_settings_embedded(stage_data), factory, args.stage_figures, None, True
+            )
+        finally:
+            shutil.rmtree(stage_data, ignore_errors=True)
+        if not args.skip_servers:
+            backends = start_backends(workdir / "backends")
+            results["servers"], token = scenario_servers(workdir, factory, args, backends)
+            log("stages: PostgreSQL + Redis + S3, in-process")
+            stage_report["servers"] = measure_stages(
+                "servers", stage_settings_servers(backends), factory, args.stage_figures, token, False
+            )
+            backends.stop()
+            backends = None
+        results.update(scenario_bare(workdir, factory, args, "bare_repeat"))
+        report["scenarios"] = results
+        report["stages"] = stage_report
+        report["ratios"] = ratios(results)
+        report["targets"] = {
+            "ingest_cost_x_bare_max": TARGET_COST_RATIO,
+            "batch_flat": f"peak RSS growth <= {FLAT_PEAK_FRACTION:.0%} of the batch and "
+            f"RSS(100%) - RSS(50%) <= {FLAT_TAIL_FRACTION:.0%} of it",
+        }
+        if not args.skip_batch:
+            report["batch_memory"] = scenario_batch_memory(workdir, factory, args)
+        report["wall_s"] = round(time.monotonic() - started, 1)
+        print_table(results, report["ratios"])
+        for name in ("embedded", "servers"):
+            if name in report["ratios"]:
+                r = report["ratios"][name]
+                verdict = "meets" if r["meets_3x_target"] else "MISSES"
+                print(
+                    f"{name}: costs {r['cost_x_bare_throughput']}x the bare endpoint in figures/s "
+                    f"(p50 {r['p50_x_bare']}x, server CPU {r['server_cpu_x_bare']}x): {verdict} the 3x target"
+                )
+        if "batch_memory" in report:
+            b = report["batch_memory"]
+            print(
+                f"batch {b['batch_mb']} MB: RSS {b['server_rss_mb']} MiB; "
+                f"peak growth {b['peak_growth_mb']} MiB ({b['peak_growth_fraction_of_batch']:.1%} "
+                f"of the batch): {'flat' if b['flat'] else 'NOT flat'}"
+            )
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.out} ({report['wall_s']} s)")
+        return 0
+    except KeyboardInterrupt:
+        log("interrupted; stopping servers")
+        return 130
+    finally:
+        if backends is not None:
+            backends.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
