@@ -3,7 +3,8 @@
 What runs, in order (every server is a subprocess bound to 127.0.0.1 and is stopped at the end):
 
 1. ``bare``: a FastAPI app with one POST endpoint that only reads the body (``await request.body()``),
-   served by uvicorn exactly as ``p2p serve ingest`` serves the product (one process, same defaults).
+   served by uvicorn as ``p2p serve ingest`` serves the product (one process, same defaults, log
+   level WARNING for both).
    The same app also has ``/form``, which parses the multipart body and nothing else (``bare_form``):
    it shows how much of the gap is multipart parsing alone.
 2. ``embedded``: ``p2p serve ingest`` on the embedded profile (embedded PostgreSQL, local folder
@@ -21,7 +22,11 @@ reports figures/s, p50/p99 latency, errors, and the server's RSS (sampled every 
 Absolute numbers depend on the machine; the ratios to ``bare`` are the result.
 
     .venv/bin/python bench/ingest_bench.py [--figures N] [--clients 16] [--batch-mb 500]
-        [--out bench/results/ingest.json] [--quick]
+        [--out bench/results/ingest.json] [--quick] [--client httpx|raw|both]
+
+Every load scenario runs once per load generator: ``httpx`` (httpx.AsyncClient) and ``raw`` (a
+minimal asyncio HTTP/1.1 client that costs the load generator far less CPU per request; on a
+small machine the httpx client, not the server, is what limits the bare endpoint).
 """
 
 from __future__ import annotations
@@ -61,8 +66,11 @@ BIN = Path(sys.executable).parent
 MB = 1_000_000
 MiB = 1024 * 1024
 TARGET_COST_RATIO = 3.0  # ingest may cost at most 3x the bare endpoint
-FLAT_PEAK_FRACTION = 0.10  # "flat": peak RSS growth under 10% of the batch size ...
-FLAT_TAIL_FRACTION = 0.05  # ... and RSS(100%) - RSS(50%) under 5% of it
+# "Flat": peak RSS growth under 10% of the batch size (or under a 16 MiB allowance for the few
+# items in flight, which matters only for small batches), and RSS(100%) - RSS(50%) under 5% of it.
+FLAT_PEAK_FRACTION = 0.10
+FLAT_ALLOWANCE_MIB = 16.0
+FLAT_TAIL_FRACTION = 0.05
 
 
 def log(message: str) -> None:
@@ -299,8 +307,9 @@ class ServerProcess:
             if pid is not None and psutil.pid_exists(pid):
                 with contextlib.suppress(psutil.Error):
                     postmaster = psutil.Process(pid)
-                    postmaster.send_signal(signal.SIGINT)  # fast shutdown
-                    postmaster.wait(30)
+                    if "postgres" in postmaster.name():
+                        postmaster.send_signal(signal.SIGINT)  # fast shutdown
+                        postmaster.wait(30)
 
 
 def bare_server(port: int, workdir: Path) -> ServerProcess:
@@ -832,6 +841,8 @@ def measure_stages(
     label: str, settings: Any, factory: FigureFactory, count: int, token: str | None, profile: bool
 ) -> dict:
     """Ingest ``count`` figures one at a time in-process; time each stage of the request."""
+    from sqlalchemy import event
+
     from p2p.ingest.service import ingest_figure
     from p2p.shared.auth import authenticate
     from p2p.shared.runtime import build_runtime
@@ -840,6 +851,20 @@ def measure_stages(
     runtime = build_runtime(settings)
     clock = StageClock()
     tag = f"stages-{label}-{uuid.uuid4().hex[:8]}"
+    # Database round trips per figure: statements (SAVEPOINTs included), commits, and pool checkouts
+    # (each one is preceded by a pre-ping ``SELECT 1`` since the engine has pool_pre_ping=True).
+    db_counts = {"statements": 0, "commits": 0, "savepoints": 0, "pool_checkouts": 0}
+
+    def counter(name: str) -> Callable[..., None]:
+        def count(*_: Any) -> None:
+            db_counts[name] += 1
+
+        return count
+
+    event.listen(runtime.engine, "before_cursor_execute", counter("statements"))
+    event.listen(runtime.engine, "commit", counter("commits"))
+    event.listen(runtime.engine, "savepoint", counter("savepoints"))
+    event.listen(runtime.engine.pool, "checkout", counter("pool_checkouts"))
     loop = asyncio.new_event_loop()
     profiler = cProfile.Profile() if profile else None
 
@@ -877,11 +902,13 @@ def measure_stages(
     try:
         for i in range(3):  # warm-up: first-use imports, pool connections
             one(count + i, timed=False)
+        db_counts.update(dict.fromkeys(db_counts, 0))
         cpu_start = time.process_time()
         with instrumented(runtime, clock):
             for i in range(count):
                 one(i, timed=True)
         cpu_ms = (time.process_time() - cpu_start) * 1000 / count
+        db_per_figure = {k: round(v / count, 2) for k, v in db_counts.items()}
         top: list[str] = []
         if profiler is not None:
             profiler.enable()
@@ -926,10 +953,12 @@ def measure_stages(
         },
         # CPU of this process over the timed loop; the rest of the wall time is waiting on I/O.
         "cpu_ms_per_figure": round(cpu_ms, 2),
+        "database_per_figure": db_per_figure,
     }
     if top:
         result["cprofile_top_tottime"] = top
     log(f"  stages {label}: " + ", ".join(f"{k} {v}" for k, v in result["ms_per_figure"].items()))
+    log(f"  stages {label}: CPU {cpu_ms:.1f} ms/figure; database per figure {db_per_figure}")
     return result
 
 
@@ -1047,7 +1076,8 @@ def scenario_batch_memory(workdir: Path, factory: FigureFactory, args: argparse.
             "peak_growth_mb": round(growth, 1),
             "peak_growth_fraction_of_batch": round(growth / batch_mib, 4),
             "growth_50_to_100_percent_mb": round(tail, 1),
-            "flat": growth <= FLAT_PEAK_FRACTION * batch_mib and tail <= FLAT_TAIL_FRACTION * batch_mib,
+            "flat": growth <= max(FLAT_ALLOWANCE_MIB, FLAT_PEAK_FRACTION * batch_mib)
+            and tail <= max(FLAT_ALLOWANCE_MIB / 2, FLAT_TAIL_FRACTION * batch_mib),
             "rss_samples": len(sampler.samples),
             "rss_trace_mb": _downsample(sampler, started, "server", points=40),
         }
@@ -1263,8 +1293,9 @@ def main(argv: list[str] | None = None) -> int:
         report["ratios"] = {kind: ratios(by_name) for kind, by_name in results.items()}
         report["targets"] = {
             "ingest_cost_x_bare_max": TARGET_COST_RATIO,
-            "batch_flat": f"peak RSS growth <= {FLAT_PEAK_FRACTION:.0%} of the batch and "
-            f"RSS(100%) - RSS(50%) <= {FLAT_TAIL_FRACTION:.0%} of it",
+            "batch_flat": f"peak RSS growth <= max({FLAT_ALLOWANCE_MIB:.0f} MiB, {FLAT_PEAK_FRACTION:.0%} of "
+            f"the batch) and RSS(100%) - RSS(50%) <= max({FLAT_ALLOWANCE_MIB / 2:.0f} MiB, "
+            f"{FLAT_TAIL_FRACTION:.0%} of it)",
         }
         if not args.skip_batch:
             report["batch_memory"] = scenario_batch_memory(workdir, factory, args)
