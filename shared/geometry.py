@@ -80,7 +80,9 @@ def nms(boxes: Sequence[Box], scores: Sequence[float], iou_threshold: float) -> 
     return kept
 
 
-def match_greedy(predicted: Sequence[Box], truth: Sequence[Box], threshold: float) -> list[tuple[int, int, float]]:
+def match_greedy(
+    predicted: Sequence[Box], truth: Sequence[Box], threshold: float
+) -> list[tuple[int, int, float]]:
     """One-to-one matches (pred index, truth index, IoU) with IoU >= threshold, highest IoU first."""
     pairs = sorted(
         ((iou(p, t), i, j) for i, p in enumerate(predicted) for j, t in enumerate(truth)),

@@ -25,7 +25,7 @@ EMBEDDING_QUEUE = "embedding"
 RUN_BATCH_TASK = "p2p.ingest.run_batch"
 MINE_FIGURE_TASK = "p2p.mining.mine_figure"
 
-TASK_MODULES = ["p2p.ingest.tasks"]
+TASK_MODULES = ["p2p.ingest.tasks", "p2p.mining.tasks"]
 
 celery_app = Celery("p2p", include=TASK_MODULES)
 
@@ -99,8 +99,9 @@ class CeleryDispatcher:
 class InProcessDispatcher:
     """Runs registered Celery tasks on local threads (embedded profile)."""
 
-    def __init__(self, app: Celery, workers: int = 2) -> None:
+    def __init__(self, app: Celery, workers: int = 2, queues: list[str] | None = None) -> None:
         self.app = app
+        self.queues = set(queues) if queues is not None else None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="p2p-task")
         self._lock = threading.Lock()
         self._pending = 0
@@ -109,6 +110,9 @@ class InProcessDispatcher:
 
     def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
         task = self.app.tasks.get(task_name)
+        if self.queues is not None and queue not in self.queues:
+            log.info("queue %s is not served in-process; %s stays queued", queue, task_name)
+            return False
         if task is None:
             log.info("no in-process worker for %s on queue %s yet; it stays queued", task_name, queue)
             return False

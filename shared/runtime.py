@@ -91,7 +91,7 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
         app = configure_celery(settings)
         run_locally = settings.embedded_queue if in_process_tasks is None else in_process_tasks
         dispatcher: TaskDispatcher = (
-            InProcessDispatcher(app, settings.queue.embedded_workers)
+            InProcessDispatcher(app, settings.queue.embedded_workers, settings.queue.embedded_queues)
             if run_locally
             else CeleryDispatcher(app, settings.redis.url or "memory://")
         )

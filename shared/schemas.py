@@ -109,6 +109,7 @@ class JobPublic(BaseModel):
     stage_timings: dict[str, float]
     cost: dict[str, float]
     error: str | None
+    notes: list[str]
     created_at: datetime
     enqueued_at: datetime | None
     started_at: datetime | None

@@ -47,6 +47,10 @@ class QueueSettings(BaseModel):
     # unacknowledged messages after this many seconds.
     visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
     embedded_workers: int = Field(default=2, ge=1, le=64)
+    embedded_queues: list[str] = Field(
+        default_factory=lambda: ["ingest", "mining", "embedding", "training"],
+        description="Queues the in-process worker serves; tasks of other queues wait in the database.",
+    )
 
 
 class IngestSettings(BaseModel):

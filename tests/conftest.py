@@ -121,7 +121,13 @@ def make_settings(tmp_path: Path, pg_url: str) -> SettingsFactory:
     """Settings on the test database and a temp data folder; keyword sections override."""
 
     def factory(**overrides: Any) -> Settings:
-        values: dict[str, Any] = {"profile": "embedded", "data_dir": tmp_path / "data", "db": {"url": pg_url}}
+        # Mining is left queued unless a test asks for it: ingest tests stay independent of the miner.
+        values: dict[str, Any] = {
+            "profile": "embedded",
+            "data_dir": tmp_path / "data",
+            "db": {"url": pg_url},
+            "queue": {"embedded_queues": ["ingest"]},
+        }
         for key, value in overrides.items():
             if isinstance(value, dict) and isinstance(values.get(key), dict):
                 values[key] = {**values[key], **value}

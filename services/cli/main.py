@@ -25,6 +25,8 @@ serve_app = typer.Typer(help="Run a service.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(db_app, name="db")
 app.add_typer(serve_app, name="serve")
+eval_app = typer.Typer(help="Evaluate mining and retrieval.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
 
 console = Console(stderr=True)
 out = Console()
@@ -320,6 +322,91 @@ def serve_ingest(
         raise typer.Exit(2)
     logging.getLogger().setLevel(settings.log_level)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+
+
+@eval_app.command("mining")
+def eval_mining(
+    folder: Annotated[
+        Path | None, typer.Option("--dir", help="Images + annotations.json (real or synthetic).")
+    ] = None,
+    captions: Annotated[
+        Path | None, typer.Option(help="Caption-only mode: a caption-splitting .jsonl set.")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where the JSON report goes.")] = Path("mining-eval.json"),
+    reference: Annotated[
+        bool, typer.Option(help="Also score the naive XY-cut reference in the same run.")
+    ] = True,
+    limit: Annotated[int | None, typer.Option(help="Score only the first N figures.")] = None,
+) -> None:
+    """Panel P/R/F1 at IoU 0.5/0.75/0.9, mean IoU, labels, subcaptions, marker recall, types, time."""
+    import json as json_lib
+
+    if (folder is None) == (captions is None):
+        console.print("[red]give exactly one of --dir or --captions[/red]")
+        raise typer.Exit(2)
+    report: dict[str, object] = {}
+    if captions is not None:
+        from p2p.mining.eval_captions import evaluate_prostate
+
+        report["captions"] = evaluate_prostate(captions)
+        out.write_text(json_lib.dumps(report, indent=2))
+        _print_json(report["captions"])
+        return
+    assert folder is not None
+    from p2p.mining.evaluate import cpu_miner, evaluate_folder, naive_reference
+
+    if not (folder / "annotations.json").is_file():
+        console.print(f"[red]{folder} has no annotations.json[/red]")
+        raise typer.Exit(2)
+    report["cpu"] = evaluate_folder(folder, cpu_miner(), limit=limit)
+    if reference:
+        report["naive_xycut"] = evaluate_folder(folder, naive_reference, limit=limit)
+    out.write_text(json_lib.dumps(report, indent=2))
+    _print_mining_table(report)
+    console.print(f"report written to {out}")
+
+
+def _print_json(data: object) -> None:
+    import json as json_lib
+
+    out.print_json(json_lib.dumps(data))
+
+
+def _print_mining_table(report: dict[str, object]) -> None:
+    table = Table(title="mining evaluation")
+    table.add_column("metric")
+    for name in report:
+        table.add_column(name, justify="right")
+
+    def cell(value: object) -> str:
+        return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    rows: list[tuple[str, list[object]]] = []
+    runs = [r for r in report.values() if isinstance(r, dict)]
+    for level in ("0.5", "0.75", "0.9"):
+        rows.append((f"panel F1@{level}", [r["panels"][level]["f1"] for r in runs]))
+        rows.append((f"  precision@{level}", [r["panels"][level]["precision"] for r in runs]))
+        rows.append((f"  recall@{level}", [r["panels"][level]["recall"] for r in runs]))
+    for key in (
+        "mean_iou",
+        "label_accuracy",
+        "subcaption_exact",
+        "subcaption_token_f1",
+        "marker_target_recall",
+        "figure_type_accuracy",
+        "figures_per_second",
+        "figures",
+    ):
+        rows.append((key, [r.get(key) for r in runs]))
+    for name, values in rows:
+        table.add_row(name, *(cell(v) for v in values))
+    out.print(table)
+    first = runs[0] if runs else {}
+    stages = first.get("stage_seconds_per_figure", {}) if isinstance(first, dict) else {}
+    if stages:
+        out.print(
+            "seconds per figure by stage: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in stages.items())
+        )
 
 
 @app.command()

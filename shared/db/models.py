@@ -164,6 +164,8 @@ class MiningJob(TimestampMixin, Base):
     stage_timings: Mapped[dict[str, float]] = mapped_column(JSONB, nullable=False, default=dict)
     cost: Mapped[dict[str, float]] = mapped_column(JSONB, nullable=False, default=dict)
     error: Mapped[str | None] = mapped_column(Text)
+    # What the miner could not do for this figure, in words ("no labels read: reading order used").
+    notes: Mapped[list[str]] = mapped_column(JSONB, nullable=False, default=list, server_default="[]")
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,203 @@
+"""Run one mining job: lock it, mine the figure, replace its panels and regions, record the outcome.
+
+Idempotency is explicit: a job is unique per (figure, backend, version); a PostgreSQL advisory
+lock keeps two deliveries of it from running at once; a finished job is not mined again; and a
+re-run replaces the job's rows in one transaction, never adding to them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from sqlalchemy import delete, func, select
+
+from p2p.mining.pipeline import BACKEND, BACKEND_VERSION, CpuMiner
+from p2p.mining.types import MiningResult
+from p2p.shared import geometry
+from p2p.shared.db.base import utcnow
+from p2p.shared.db.models import Figure, FigureStatus, JobStatus, MiningJob, Panel, Region, RegionKind
+from p2p.shared.runtime import Runtime
+from p2p.shared.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class PermanentMiningError(Exception):
+    """The figure cannot be mined (undecodable image...): retrying will not help."""
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job_id: uuid.UUID
+    status: JobStatus
+    panels: int = 0
+    regions: int = 0
+    skipped: str | None = None
+
+
+def _lock_key(job_id: uuid.UUID) -> int:
+    return int.from_bytes(job_id.bytes[:8], "big", signed=True)
+
+
+def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOutcome:
+    with runtime.engine.connect() as lock_conn:
+        locked = lock_conn.scalar(select(func.pg_try_advisory_lock(_lock_key(job_id))))
+        lock_conn.commit()
+        if not locked:
+            log.info("job %s is being mined by another worker; this delivery does nothing", job_id)
+            return JobOutcome(job_id, JobStatus.RUNNING, skipped="locked")
+        try:
+            return _mine_locked(runtime, job_id, miner)
+        finally:
+            lock_conn.scalar(select(func.pg_advisory_unlock(_lock_key(job_id))))
+            lock_conn.commit()
+
+
+def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOutcome:
+    with runtime.session() as session:
+        job = session.get(MiningJob, job_id)
+        if job is None:
+            return JobOutcome(job_id, JobStatus.FAILED, skipped="no such job")
+        if job.status is JobStatus.SUCCEEDED:
+            return JobOutcome(job_id, job.status, skipped="already mined")
+        figure = session.get(Figure, job.figure_id)
+        assert figure is not None
+        job.status = JobStatus.RUNNING
+        job.attempts += 1
+        job.started_at = utcnow()
+        job.error = None
+        figure.status = FigureStatus.MINING
+        session.commit()
+        object_key, caption, figure_id = figure.object_key, figure.caption, figure.id
+
+    started = time.perf_counter()
+    data = runtime.store.get_bytes(object_key)  # transient store errors propagate: the task retries
+    try:
+        image = _decode(data)
+        result = miner.mine(image, caption)
+    except PermanentMiningError as exc:
+        mark_failed(runtime, job_id, str(exc))
+        return JobOutcome(job_id, JobStatus.FAILED)
+    with_crops = time.perf_counter()
+    panel_keys, region_keys = _store_crops(runtime.store, image, result)
+    result.stage_seconds["crops"] = time.perf_counter() - with_crops
+    total = time.perf_counter() - started
+    provenance = {
+        "backend": BACKEND,
+        "version": BACKEND_VERSION,
+        "params": miner.params.as_dict(),
+        "job_id": str(job_id),
+    }
+
+    with runtime.session() as session:
+        job = session.get(MiningJob, job_id)
+        figure = session.get(Figure, figure_id)
+        assert job is not None and figure is not None
+        session.execute(delete(Panel).where(Panel.mining_job_id == job_id))
+        panel_rows = []
+        for index, (panel, crop_key) in enumerate(zip(result.panels, panel_keys, strict=True)):
+            row = Panel(
+                figure_id=figure_id,
+                mining_job_id=job_id,
+                ordinal=index,
+                label=panel.label,
+                box=[round(v, 2) for v in panel.box],
+                crop_key=crop_key,
+                subcaption=panel.subcaption,
+                figure_type=panel.figure_type,
+                confidence=round(panel.confidence, 4),
+                provenance={
+                    **provenance,
+                    "type_confidence": round(panel.type_confidence, 4),
+                    "label_box": list(panel.label_box) if panel.label_box else None,
+                },
+            )
+            session.add(row)
+            panel_rows.append(row)
+        session.flush()
+        for ordinal, (region, crop_key) in enumerate(zip(result.regions, region_keys, strict=True)):
+            parent = panel_rows[region.panel_index]
+            panel_box = result.panels[region.panel_index].box
+            session.add(
+                Region(
+                    panel_id=parent.id,
+                    ordinal=ordinal,
+                    box_in_figure=[round(v, 2) for v in region.box],
+                    box_in_panel=[
+                        round(v, 2) for v in geometry.translate(region.box, -panel_box[0], -panel_box[1])
+                    ],
+                    kind=RegionKind(region.kind),
+                    marker_type=region.marker_type,
+                    crop_key=crop_key,
+                    caption_text=region.caption_text,
+                    description=region.description,
+                    confidence=round(region.confidence, 4),
+                    provenance=provenance,
+                )
+            )
+        job.status = JobStatus.SUCCEEDED
+        job.backend_version = job.backend_version or BACKEND_VERSION
+        job.params = provenance["params"]
+        job.stage_timings = {k: round(v, 4) for k, v in result.stage_seconds.items()}
+        job.cost = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "seconds": round(total, 4)}
+        job.notes = result.notes
+        job.finished_at = utcnow()
+        figure.status = FigureStatus.MINED
+        session.commit()
+    return JobOutcome(job_id, JobStatus.SUCCEEDED, panels=len(result.panels), regions=len(result.regions))
+
+
+def mark_failed(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:
+    with runtime.session() as session:
+        job = session.get(MiningJob, job_id)
+        if job is None or job.status is JobStatus.SUCCEEDED:
+            return
+        job.status = JobStatus.FAILED
+        job.error = reason[:2000]
+        job.finished_at = utcnow()
+        figure = session.get(Figure, job.figure_id)
+        if figure is not None:
+            figure.status = FigureStatus.FAILED
+        session.commit()
+
+
+def _decode(data: bytes) -> np.ndarray:
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            return np.asarray(img.convert("RGB"))
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise PermanentMiningError(f"stored image cannot be decoded: {exc}") from exc
+
+
+def _put_png(store: ObjectStore, crop: np.ndarray) -> str | None:
+    if crop.size == 0:
+        return None
+    buffer = io.BytesIO()
+    Image.fromarray(crop).save(buffer, format="PNG", compress_level=1)
+    data = buffer.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    key = f"crops/{sha[:2]}/{sha}.png"
+    if not store.exists(key):
+        store.put(key, io.BytesIO(data), size=len(data), sha256=sha, content_type="image/png")
+    return key
+
+
+def _crop(image: np.ndarray, box: geometry.Box) -> np.ndarray:
+    h, w = image.shape[:2]
+    x1, y1, x2, y2 = (round(v) for v in geometry.clip(box, w, h))
+    return image[y1:y2, x1:x2]
+
+
+def _store_crops(store: ObjectStore, image: np.ndarray, result: MiningResult) -> tuple[list[Any], list[Any]]:
+    panel_keys = [_put_png(store, _crop(image, p.box)) for p in result.panels]
+    region_keys = [_put_png(store, _crop(image, r.box)) for r in result.regions]
+    return panel_keys, region_keys

@@ -1,0 +1,204 @@
+"""The CPU backend: every stage of the Panel2Patch miner that needs no GPU and no download.
+
+Stages (each replaceable, each timed): panel segmentation, label OCR, panel type, caption
+splitting, marker detection (photographic panels only), region fusion, box post-processing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from p2p.mining.types import CaptionSplit, LabelDetection, MinedPanel, MiningResult, PanelCandidate, Region
+from p2p.shared import geometry
+
+log = logging.getLogger(__name__)
+
+BACKEND = "cpu"
+BACKEND_VERSION = "cpu-1"
+
+
+@dataclass(frozen=True)
+class CpuMinerParams:
+    tau: float = 0.15  # caption-box gate: normalised distance to a marker centre
+    nms_iou: float = 0.7
+    merge_cosine: float = 0.9
+    max_side: int = 4000  # figures are mined at most this large (longest side), boxes mapped back
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tau": self.tau,
+            "nms_iou": self.nms_iou,
+            "merge_cosine": self.merge_cosine,
+            "max_side": self.max_side,
+        }
+
+
+@dataclass
+class _Timer:
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+
+class CpuMiner:
+    """Loads its models once; ``mine`` is safe to call from several threads."""
+
+    def __init__(self, params: CpuMinerParams | None = None, *, text_encoder: Any = None) -> None:
+        from p2p.mining.cpu.panel_type import PanelTypeClassifier
+
+        self.params = params or CpuMinerParams()
+        self.panel_types = PanelTypeClassifier()
+        self._text_encoder = text_encoder
+        self._encoder_lock = threading.Lock()
+
+    @property
+    def text_encoder(self) -> Any:
+        with self._encoder_lock:
+            if self._text_encoder is None:
+                from p2p.mining.postprocess import TextEncoder
+
+                self._text_encoder = TextEncoder()
+            return self._text_encoder
+
+    def mine(self, image: np.ndarray, caption: str) -> MiningResult:
+        from p2p.mining.captions import split_caption
+        from p2p.mining.cpu.labels import assign_labels, find_labels, reading_order
+        from p2p.mining.cpu.markers import detect_markers
+        from p2p.mining.cpu.segment import segment_panels
+        from p2p.mining.postprocess import postprocess
+        from p2p.mining.regions import fuse_regions
+
+        timer = _Timer()
+        notes: list[str] = []
+        if image.ndim == 2:
+            image = np.stack([image] * 3, axis=-1)
+        image = np.ascontiguousarray(image[..., :3])
+        height, width = image.shape[:2]
+        if width < 8 or height < 8:
+            notes.append(f"image is {width}x{height} px: too small to mine; kept as one panel")
+            return self._whole_figure(width, height, caption, notes, timer)
+
+        with timer.stage("segment"):
+            candidates: list[PanelCandidate] = segment_panels(image)
+        if not candidates:
+            notes.append("no panels found: the whole figure is one panel")
+            candidates = [PanelCandidate(box=(0.0, 0.0, float(width), float(height)), confidence=0.3)]
+
+        with timer.stage("labels"):
+            detections: list[LabelDetection] = find_labels(image, candidates)
+            labels = assign_labels(candidates, detections)
+        order = reading_order(candidates)
+        candidates = [candidates[i] for i in order]
+        labels = [labels[i] for i in order]
+        label_boxes = {d.text: d.box for d in detections}
+
+        with timer.stage("captions"):
+            known = [label for label in labels if label]
+            split: CaptionSplit = split_caption(caption, known or None)
+        if not any(labels):
+            if split.labels_in_order and len(candidates) > 1:
+                notes.append("no panel labels read: caption labels assigned in reading order")
+                labels = [
+                    split.labels_in_order[i] if i < len(split.labels_in_order) else None
+                    for i in range(len(candidates))
+                ]
+            elif len(candidates) > 1:
+                notes.append("no panel labels in image or caption: panels are unlabelled")
+        missing = [label for label in split.labels_in_order if label not in labels]
+        if missing and any(labels):
+            notes.append(f"caption names panels the image lacks: {', '.join(missing)}")
+
+        panels: list[MinedPanel] = []
+        with timer.stage("panel_type"):
+            for candidate, label in zip(candidates, labels, strict=True):
+                x1, y1, x2, y2 = (round(v) for v in candidate.box)
+                crop = image[max(y1, 0) : max(y2, y1 + 1), max(x1, 0) : max(x2, x1 + 1)]
+                kind, type_conf = self.panel_types.classify(crop)
+                subcaption = split.subcaptions.get(label) if label else None
+                if subcaption is None and len(candidates) == 1:
+                    subcaption = caption.strip() or None
+                panels.append(
+                    MinedPanel(
+                        box=candidate.box,
+                        label=label,
+                        label_box=label_boxes.get(label or ""),
+                        figure_type=kind,
+                        type_confidence=type_conf,
+                        confidence=candidate.confidence,
+                        subcaption=subcaption,
+                    )
+                )
+
+        regions: list[Region] = []
+        markers = []
+        for index, panel in enumerate(panels):
+            if panel.figure_type != "image":
+                continue
+            with timer.stage("markers"):
+                found = detect_markers(image, panel.box)
+            markers.extend(found)
+            fragments = split.marker_fragments.get(panel.label or "", []) if panel.label else []
+            with timer.stage("regions"):
+                fused = fuse_regions(found, [], panel_box=panel.box, tau=self.params.tau, fragments=fragments)
+            for region in fused:
+                region.panel_index = index
+            regions.extend(fused)
+        with timer.stage("postprocess"):
+            if regions:
+                regions = postprocess(
+                    regions,
+                    image_width=width,
+                    image_height=height,
+                    nms_iou=self.params.nms_iou,
+                    merge_cosine=self.params.merge_cosine,
+                    encoder=self.text_encoder if any(r.caption_text for r in regions) else None,
+                )
+        return MiningResult(
+            width=width,
+            height=height,
+            panels=panels,
+            markers=markers,
+            regions=regions,
+            stage_seconds=timer.seconds,
+            notes=notes,
+        )
+
+    def _whole_figure(
+        self, width: int, height: int, caption: str, notes: list[str], timer: _Timer
+    ) -> MiningResult:
+        panel = MinedPanel(
+            box=(0.0, 0.0, float(max(width, 1)), float(max(height, 1))),
+            label=None,
+            label_box=None,
+            figure_type="image",
+            type_confidence=0.0,
+            confidence=0.1,
+            subcaption=caption.strip() or None,
+        )
+        return MiningResult(
+            width=width,
+            height=height,
+            panels=[panel],
+            markers=[],
+            regions=[],
+            stage_seconds=timer.seconds,
+            notes=notes,
+        )
+
+
+def panel_relative(box: geometry.Box, panel: geometry.Box) -> geometry.Box:
+    return geometry.translate(box, -panel[0], -panel[1])
