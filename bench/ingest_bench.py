@@ -4,17 +4,20 @@ What runs, in order (every server is a subprocess bound to 127.0.0.1 and is stop
 
 1. ``bare``: a FastAPI app with one POST endpoint that only reads the body (``await request.body()``),
    served by uvicorn as ``p2p serve ingest`` serves the product (one process, same defaults, log
-   level WARNING for both).
-   The same app also has ``/form``, which parses the multipart body and nothing else (``bare_form``):
-   it shows how much of the gap is multipart parsing alone.
+   level WARNING for both). The same app also has ``/form``, which parses the multipart body and
+   nothing else (``bare_form``): it shows how much of the gap is multipart parsing alone.
 2. ``embedded``: ``p2p serve ingest`` on the embedded profile (embedded PostgreSQL, local folder
-   object store, in-process queue) with a fresh data folder.
-3. ``servers``: ``p2p serve ingest`` on the production profile against PostgreSQL, Redis and an S3
-   server (SeaweedFS) started by ``tests/servers.py``, with an API key made by ``p2p keys create``.
-4. ``stages``: one figure at a time in-process through the product's own ``ingest_figure``, with
-   each stage timed (multipart parse, API key check, sha256, Pillow decode, object store, DB).
-5. ``bare`` again, to show how much the machine drifted during the run.
-6. ``batch_memory``: a manifest folder of ``--batch-mb`` distinct ~1 MB images ingested through
+   object store, in-process queue serving only the ingest queue) with a fresh data folder.
+3. ``stages`` (embedded): one figure at a time in-process through the product's own
+   ``ingest_figure``, each stage timed (multipart parse, sha256, Pillow decode, object store, DB),
+   then the same work from 16 threads without HTTP.
+4. ``bare_mid``: the reference again (it is measured at the start, middle and end; the ratios use
+   the median, since other work on the machine moves the short bare runs the most).
+5. ``servers``: ``p2p serve ingest`` on the production profile against PostgreSQL, Redis and an S3
+   server (SeaweedFS) started by ``tests/servers.py``, with an API key made by ``p2p keys create``;
+   then ``stages`` (servers), which adds the API key check.
+6. ``bare_end``: the reference a third time.
+7. ``batch_memory``: a manifest folder of ``--batch-mb`` distinct ~1 MB images ingested through
    ``POST /v1/batches`` on a fresh embedded server, sampling the server's RSS against progress.
 
 Each load scenario posts N new (never duplicate) ~1 MB JPEG figures from 16 concurrent clients and
@@ -66,6 +69,7 @@ BIN = Path(sys.executable).parent
 MB = 1_000_000
 MiB = 1024 * 1024
 TARGET_COST_RATIO = 3.0  # ingest may cost at most 3x the bare endpoint
+BARE_RUNS = ("bare", "bare_mid", "bare_end")  # the reference, measured three times in each run
 # "Flat": peak RSS growth under 10% of the batch size (or under a 16 MiB allowance for the few
 # items in flight, which matters only for small batches), and RSS(100%) - RSS(50%) under 5% of it.
 FLAT_PEAK_FRACTION = 0.10
@@ -323,6 +327,17 @@ def ingest_server(name: str, port: int, workdir: Path, p2p_env: dict[str, str]) 
     return ServerProcess(name, cmd, env, port, workdir / f"{name}.log")
 
 
+def embedded_queue_env() -> dict[str, str]:
+    """Serve only the ingest queue in-process, so the embedded server does not also mine the
+    figures it receives (mining would compete for the same CPUs; this benchmark measures ingest).
+    Empty on a release without the setting, which mined nothing in-process."""
+    from p2p.shared.settings import QueueSettings
+
+    if "embedded_queues" not in QueueSettings.model_fields:
+        return {}
+    return {"P2P_QUEUE__EMBEDDED_QUEUES": json.dumps(["ingest"])}
+
+
 def clean_env() -> dict[str, str]:
     """This environment without any P2P_ setting, so each server gets only what it is given."""
     return {k: v for k, v in os.environ.items() if not k.startswith("P2P_")}
@@ -516,6 +531,11 @@ async def _post_all(
     return wall, latencies, errors, samples, statuses, sent
 
 
+def _busy_seconds(times: Any) -> float:
+    """Machine-wide CPU seconds spent running anything (not idle, not waiting on I/O, not stolen)."""
+    return sum(getattr(times, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))
+
+
 def run_load(
     name: str,
     url: str,
@@ -545,6 +565,7 @@ def run_load(
     cpu_before = {g.name: g.cpu_seconds() for g in groups}
     own = psutil.Process()
     client_cpu_before = sum(own.cpu_times()[:2])
+    machine_before = psutil.cpu_times()
     sampler.start()
     try:
         wall, latencies, errors, samples, statuses, sent = asyncio.run(
@@ -555,6 +576,7 @@ def run_load(
     after = sampler.sample()
     cpu = {g.name: g.cpu_seconds() - cpu_before[g.name] for g in groups}
     client_cpu = sum(own.cpu_times()[:2]) - client_cpu_before
+    machine_after = psutil.cpu_times()
     result = LoadResult(name, figures, clients, wall, latencies, errors, samples, statuses, sent)
     server: dict[str, Any] = {}
     for g in groups:
@@ -571,6 +593,18 @@ def run_load(
             }
         server[f"{g.name}_cpu_ms_per_figure"] = round(cpu[g.name] * 1000 / figures, 2)
     server["client_cpu_ms_per_figure"] = round(client_cpu * 1000 / figures, 2)
+    # Other work on the machine while this run lasted, in cores: what makes absolute numbers move.
+    busy = _busy_seconds(machine_after) - _busy_seconds(machine_before)
+    ours = client_cpu + sum(cpu.values())
+    server["machine"] = {
+        "other_processes_cores": round(max(0.0, busy - ours) / wall, 2) if wall else None,
+        "steal_cores": round(
+            (getattr(machine_after, "steal", 0.0) - getattr(machine_before, "steal", 0.0)) / wall, 2
+        )
+        if wall
+        else None,
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
+    }
     server["rss_samples"] = len(sampler.samples)
     result.server = server
     s = result.summary()
@@ -600,15 +634,19 @@ def load_each_client(
     groups: list[ProcessGroup],
     headers: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """One load run per client kind against the same server; every run posts its own new figures."""
+    """One load run per client kind against the same server; every run posts its own new figures.
+
+    The bare endpoint gets ``--bare-factor`` times more figures: it is so fast that a run of N
+    figures lasts a second or two, short enough for other work on the machine to skew it."""
     out = {}
+    figures = args.figures * (args.bare_factor if name.startswith("bare") else 1)
     for kind in args.client_kinds:
-        log(f"{name}: {args.figures} figures to {httpx.URL(url).path} with the {kind} client")
+        log(f"{name}: {figures} figures to {httpx.URL(url).path} with the {kind} client")
         out[kind] = run_load(
             name,
             url,
             factory,
-            figures=args.figures,
+            figures=figures,
             clients=args.clients,
             warmup=args.warmup,
             expect=expect,
@@ -650,7 +688,8 @@ def scenario_embedded(
     results: Results, workdir: Path, factory: FigureFactory, args: argparse.Namespace
 ) -> None:
     data = scratch_dir("p2p-bench-embedded-")
-    server = ingest_server("embedded", free_port(), workdir, {"P2P_DATA_DIR": str(data)})
+    env = {"P2P_DATA_DIR": str(data), **embedded_queue_env()}
+    server = ingest_server("embedded", free_port(), workdir, env)
     server.pgdata = data / "pg"
     try:
         log("embedded: starting p2p serve ingest (embedded PostgreSQL, local objects, in-process queue)")
@@ -783,24 +822,59 @@ def scenario_servers(
 
 
 class StageClock:
-    def __init__(self) -> None:
-        self.totals: dict[str, list[float]] = {}
+    """Wall time and CPU time (of the calling thread, so waits do not count) per named stage."""
 
-    def add(self, name: str, seconds: float) -> None:
-        self.totals.setdefault(name, []).append(seconds)
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    @staticmethod
+    def now() -> tuple[float, float]:
+        return time.perf_counter(), time.thread_time()
+
+    def add(self, name: str, start: tuple[float, float], end: tuple[float, float]) -> None:
+        self.wall[name] = self.wall.get(name, 0.0) + end[0] - start[0]
+        self.cpu[name] = self.cpu.get(name, 0.0) + end[1] - start[1]
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*a: Any, **kw: Any) -> Any:
-            start = time.perf_counter()
+            start = self.now()
             try:
                 return fn(*a, **kw)
             finally:
-                self.add(name, time.perf_counter() - start)
+                self.add(name, start, self.now())
 
         return timed
 
-    def ms(self, name: str, count: int) -> float:
-        return sum(self.totals.get(name, [])) * 1000 / count
+    def table(self, names: list[str], count: int, rest: str, total: str) -> dict[str, dict[str, float]]:
+        """ms per figure, wall and CPU, for ``names``; ``rest`` is ``total`` less the stages in it."""
+        out = {}
+        for name in names:
+            if name in self.wall:
+                out[name] = {
+                    "wall": round(self.wall[name] * 1000 / count, 2),
+                    "cpu": round(self.cpu[name] * 1000 / count, 2),
+                }
+        inside = [n for n in INGEST_STAGES if n in self.wall]
+        out[rest] = {
+            "wall": round((self.wall[total] - sum(self.wall[n] for n in inside)) * 1000 / count, 2),
+            "cpu": round((self.cpu[total] - sum(self.cpu[n] for n in inside)) * 1000 / count, 2),
+        }
+        return out
+
+
+MULTIPART = "multipart parse (Starlette/python-multipart)"
+AUTH = "API key check + last_used_at commit"
+INGEST_TOTAL = "ingest_figure total"
+REQUEST_TOTAL = "request total (in-process)"
+DB_REST = "database (lookups, inserts, commits) + rest of ingest_figure"
+INGEST_STAGES = [
+    "sha256 + size (digest_stream)",
+    "Pillow identify + decode (inspect_image)",
+    "object store exists()",
+    "object store put()",
+    "queue dispatch (dispatcher.send)",
+]
 
 
 async def _parse_multipart(body: bytes, content_type: str) -> Any:
@@ -837,8 +911,112 @@ def instrumented(runtime: Any, clock: StageClock) -> Iterator[None]:
                     delattr(obj, name)
 
 
+COMPONENTS = (
+    # (what the profile entry's file or built-in name contains, component)
+    ("ImagingDecoder", "Pillow decode (C, GIL released)"),
+    ("/PIL/", "Pillow (Python side)"),
+    ("_hashlib", "hashing (sha256/md5, C)"),
+    ("posix.fsync", "fsync"),
+    ("/sqlalchemy/", "SQLAlchemy"),
+    ("psycopg", "psycopg"),
+    ("/python_multipart/", "multipart parsing"),
+    ("/starlette/", "multipart parsing"),
+    ("/minio/", "S3 client (minio, urllib3)"),
+    ("/urllib3/", "S3 client (minio, urllib3)"),
+    ("/kombu/", "Celery/kombu/redis"),
+    ("/celery/", "Celery/kombu/redis"),
+    ("/redis/", "Celery/kombu/redis"),
+    ("/amqp/", "Celery/kombu/redis"),
+    ("_socket.socket", "socket calls"),
+    ("select", "socket calls"),
+    ("/bench/", "benchmark (making figures)"),
+    ("/services/", "p2p code"),
+    ("/shared/", "p2p code"),
+    ("/pydantic", "pydantic"),
+)
+
+
+def cpu_by_component(stats: pstats.Stats, figures: int) -> dict[str, float]:
+    """CPU ms per figure, own time (tottime) of every function summed by the library it belongs to."""
+    totals: dict[str, float] = {}
+    for (filename, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{filename}:{function}"
+        name = next((component for needle, component in COMPONENTS if needle in where), "other")
+        totals[name] = totals.get(name, 0.0) + row[2]
+    return {k: round(v * 1000 / figures, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def _concurrent_in_process(
+    runtime: Any, factory: FigureFactory, tag: str, token: str | None, threads: int, count: int
+) -> dict:
+    """``ingest_figure`` (and the key check) from ``threads`` threads, no HTTP and no multipart:
+    the throughput the ingest work itself allows in one process, to set beside the HTTP numbers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from p2p.ingest.service import ingest_figure
+    from p2p.shared.auth import authenticate
+    from p2p.shared.schemas import FigureMetadata
+
+    def one(i: int) -> None:
+        with runtime.session() as session:
+            if token:
+                authenticate(session, f"Bearer {token}")
+            outcome = ingest_figure(
+                session=session,
+                store=runtime.store,
+                dispatcher=runtime.dispatcher,
+                settings=runtime.settings,
+                image=io.BytesIO(images[i]),
+                caption=caption_for(f"{tag}-concurrent", i),
+                metadata=FigureMetadata(),
+                source="api",
+            )
+        assert not outcome.duplicate
+
+    def run(first: int) -> dict[str, float]:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, range(first + count, first + count + threads)))  # warm-up
+            start, cpu_start = time.perf_counter(), time.process_time()
+            list(pool.map(one, range(first, first + count)))
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        return {"figures_per_s": round(count / wall, 2), "cpu_ms_per_figure": round(cpu * 1000 / count, 2)}
+
+    images = [factory.figure(f"{tag}-concurrent", i) for i in range(2 * (count + threads))]
+    as_is = run(0)
+    # What if the request only identified the image (header, format, size) and left the full
+    # decode to the mining worker? Same work otherwise.
+    from p2p.ingest import service
+
+    saved = service.inspect_image
+    service.inspect_image = _header_only_inspect
+    try:
+        header_only = run(count + threads)
+    finally:
+        service.inspect_image = saved
+    return {"threads": threads, "figures": count, "as_is": as_is, "what_if_header_only_check": header_only}
+
+
+def _header_only_inspect(stream: Any, *, allowed_formats: tuple[str, ...], max_pixels: int) -> Any:
+    """Format and size from the header alone (what-if only; the product decodes every image)."""
+    from PIL import Image
+
+    from p2p.ingest.images import ImageInfo
+
+    stream.seek(0)
+    with Image.open(stream) as image:
+        info = ImageInfo(format=(image.format or "").upper(), width=image.size[0], height=image.size[1])
+    stream.seek(0)
+    return info
+
+
 def measure_stages(
-    label: str, settings: Any, factory: FigureFactory, count: int, token: str | None, profile: bool
+    label: str,
+    settings: Any,
+    factory: FigureFactory,
+    count: int,
+    token: str | None,
+    profile: bool,
+    threads: int,
 ) -> dict:
     """Ingest ``count`` figures one at a time in-process; time each stage of the request."""
     from sqlalchemy import event
@@ -866,18 +1044,19 @@ def measure_stages(
     event.listen(runtime.engine, "savepoint", counter("savepoints"))
     event.listen(runtime.engine.pool, "checkout", counter("pool_checkouts"))
     loop = asyncio.new_event_loop()
-    profiler = cProfile.Profile() if profile else None
+    # Profiled on CPU time, not wall time: waits on the database, disk or S3 do not count.
+    profiler = cProfile.Profile(time.process_time) if profile else None
 
     def one(i: int, timed: bool) -> None:
         body, ctype = multipart_body(factory.figure(tag, i), caption_for(tag, i), f"{i}.jpg")
-        start = time.perf_counter()
+        start = clock.now()
         form = loop.run_until_complete(_parse_multipart(body, ctype))
-        parsed = time.perf_counter()
+        parsed = clock.now()
         try:
             with runtime.session() as session:
                 if token:
                     authenticate(session, f"Bearer {token}")
-                authed = time.perf_counter()
+                authed = clock.now()
                 outcome = ingest_figure(
                     session=session,
                     store=runtime.store,
@@ -888,16 +1067,16 @@ def measure_stages(
                     metadata=FigureMetadata(),
                     source="api",
                 )
-                done = time.perf_counter()
+                done = clock.now()
             assert not outcome.duplicate
         finally:
             loop.run_until_complete(form.close())
         if timed:
-            clock.add("multipart parse (Starlette/python-multipart)", parsed - start)
+            clock.add(MULTIPART, start, parsed)
             if token:
-                clock.add("API key check + last_used_at commit", authed - parsed)
-            clock.add("ingest_figure total", done - authed)
-            clock.add("request total (in-process)", done - start)
+                clock.add(AUTH, parsed, authed)
+            clock.add(INGEST_TOTAL, authed, done)
+            clock.add(REQUEST_TOTAL, start, done)
 
     try:
         for i in range(3):  # warm-up: first-use imports, pool connections
@@ -910,62 +1089,61 @@ def measure_stages(
         cpu_ms = (time.process_time() - cpu_start) * 1000 / count
         db_per_figure = {k: round(v / count, 2) for k, v in db_counts.items()}
         top: list[str] = []
+        by_component: dict[str, float] = {}
         if profiler is not None:
+            profiled = min(count, 20)
             profiler.enable()
-            for i in range(count + 3, count + 3 + min(count, 20)):
+            for i in range(count + 3, count + 3 + profiled):
                 one(i, timed=False)
             profiler.disable()
+            stats = pstats.Stats(profiler, stream=io.StringIO())
+            by_component = cpu_by_component(stats, profiled)
             text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+            stats.stream = text  # type: ignore[attr-defined]
+            stats.sort_stats("tottime").print_stats(14)
             top = [line.rstrip() for line in text.getvalue().splitlines() if line.strip()][-15:]
+        concurrent = _concurrent_in_process(runtime, factory, tag, token, threads, count * 4)
     finally:
         loop.close()
         runtime.close()
 
-    parts = [
-        "sha256 + size (digest_stream)",
-        "Pillow identify + decode (inspect_image)",
-        "object store exists()",
-        "object store put()",
-        "queue dispatch (dispatcher.send)",
-    ]
-    total = clock.ms("ingest_figure total", count)
-    stages = {name: round(clock.ms(name, count), 2) for name in parts}
-    stages["database (lookups, inserts, commits) + rest"] = round(total - sum(stages.values()), 2)
+    names = [MULTIPART, AUTH, *INGEST_STAGES]
+    stages = clock.table(names, count, rest=DB_REST, total=INGEST_TOTAL)
+    for name in (INGEST_TOTAL, REQUEST_TOTAL):
+        stages[name] = {
+            "wall": round(clock.wall[name] * 1000 / count, 2),
+            "cpu": round(clock.cpu[name] * 1000 / count, 2),
+        }
     result = {
         "figures": count,
-        "ms_per_figure": {
-            "multipart parse (Starlette/python-multipart)": round(
-                clock.ms("multipart parse (Starlette/python-multipart)", count), 2
-            ),
-            **(
-                {
-                    "API key check + last_used_at commit": round(
-                        clock.ms("API key check + last_used_at commit", count), 2
-                    )
-                }
-                if token
-                else {}
-            ),
-            **stages,
-            "ingest_figure total": round(total, 2),
-            "request total (in-process)": round(clock.ms("request total (in-process)", count), 2),
-        },
+        "ms_per_figure": stages,
         # CPU of this process over the timed loop; the rest of the wall time is waiting on I/O.
         "cpu_ms_per_figure": round(cpu_ms, 2),
         "database_per_figure": db_per_figure,
+        "concurrent_in_process": concurrent,
     }
+    if by_component:
+        result["cpu_ms_per_figure_by_component"] = by_component
+        log(f"  stages {label}: CPU by component (ms/figure) {by_component}")
     if top:
-        result["cprofile_top_tottime"] = top
-    log(f"  stages {label}: " + ", ".join(f"{k} {v}" for k, v in result["ms_per_figure"].items()))
+        result["cprofile_top_tottime_cpu"] = top
+    shown = ", ".join(f"{k} {v['wall']}/{v['cpu']}" for k, v in stages.items())
+    log(f"  stages {label} (ms per figure, wall/CPU): {shown}")
     log(f"  stages {label}: CPU {cpu_ms:.1f} ms/figure; database per figure {db_per_figure}")
+    log(f"  stages {label}: {threads} threads in-process, no HTTP: {concurrent}")
     return result
 
 
 def stage_settings_embedded(data: Path) -> Any:
     from p2p.shared.settings import Settings
 
-    return Settings(profile="embedded", data_dir=data, log_level="WARNING")
+    queues = json.loads(embedded_queue_env().get("P2P_QUEUE__EMBEDDED_QUEUES", "null"))
+    return Settings(
+        profile="embedded",
+        data_dir=data,
+        log_level="WARNING",
+        **({"queue": {"embedded_queues": queues}} if queues is not None else {}),
+    )
 
 
 def stage_settings_servers(backends: Backends) -> Any:
@@ -1014,7 +1192,11 @@ def scenario_batch_memory(workdir: Path, factory: FigureFactory, args: argparse.
     try:
         log(f"batch_memory: writing a {args.batch_mb} MB manifest folder")
         count, written = write_batch(folder, factory, args.batch_mb)
-        env = {"P2P_DATA_DIR": str(data), "P2P_INGEST__BATCH_ROOTS": json.dumps([str(root)])}
+        env = {
+            "P2P_DATA_DIR": str(data),
+            "P2P_INGEST__BATCH_ROOTS": json.dumps([str(root)]),
+            **embedded_queue_env(),
+        }
         server = ingest_server("batch", free_port(), workdir, env)
         server.pgdata = data / "pg"
         log(f"batch_memory: {count} figures, {written / MB:.0f} MB; starting an embedded server")
@@ -1136,11 +1318,12 @@ def machine_info() -> dict:
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict:
     """Each scenario against the bare endpoint measured with the same client in the same run."""
-    bare_runs = [results[k] for k in ("bare", "bare_repeat") if k in results]
-    bare_fps = statistics.fmean(r["figures_per_s"] for r in bare_runs)
-    bare_p50 = statistics.fmean(r["latency_ms"]["p50"] for r in bare_runs)
-    bare_p99 = statistics.fmean(r["latency_ms"]["p99"] for r in bare_runs)
-    bare_cpu = statistics.fmean(r["server_cpu_ms_per_figure"] for r in bare_runs)
+    bare_runs = [results[k] for k in BARE_RUNS if k in results]
+    # The median of the bare runs taken at the start, middle and end of the benchmark.
+    bare_fps = statistics.median(r["figures_per_s"] for r in bare_runs)
+    bare_p50 = statistics.median(r["latency_ms"]["p50"] for r in bare_runs)
+    bare_p99 = statistics.median(r["latency_ms"]["p99"] for r in bare_runs)
+    bare_cpu = statistics.median(r["server_cpu_ms_per_figure"] for r in bare_runs)
     out: dict[str, Any] = {
         "reference": {
             "bare_figures_per_s": round(bare_fps, 2),
@@ -1148,10 +1331,9 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict:
             "bare_p99_ms": round(bare_p99, 1),
             "bare_server_cpu_ms_per_figure": round(bare_cpu, 2),
             "runs": len(bare_runs),
-            "repeat_over_first_figures_per_s": (
-                round(results["bare_repeat"]["figures_per_s"] / results["bare"]["figures_per_s"], 3)
-                if "bare_repeat" in results and "bare" in results
-                else None
+            "figures_per_s_of_each_run": [r["figures_per_s"] for r in bare_runs],
+            "spread_max_over_min": round(
+                max(r["figures_per_s"] for r in bare_runs) / min(r["figures_per_s"] for r in bare_runs), 2
             ),
         }
     }
@@ -1183,7 +1365,7 @@ def print_table(kind: str, results: dict[str, dict[str, Any]], report_ratios: di
         "cli CPU ms/fig",
     )
     rows = [(*header, "cost x bare")]
-    for name in ("bare", "bare_form", "embedded", "servers", "bare_repeat"):
+    for name in ("bare", "bare_form", "embedded", "bare_mid", "servers", "bare_end"):
         if name not in results:
             continue
         r = results[name]
@@ -1208,6 +1390,96 @@ def print_table(kind: str, results: dict[str, dict[str, Any]], report_ratios: di
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(cells)))
 
 
+def markdown_report(report: dict) -> str:
+    """The results of one run as Markdown tables (for bench/README.md)."""
+    lines: list[str] = []
+    machine = report["machine"]
+    lines.append(
+        f"Run of {report['date']}: {machine['nproc']} cores ({machine['cpu_model']}), "
+        f"Python {machine['python']}, {report['config']['figures_per_scenario']} figures per ingest "
+        f"scenario, {report['config']['figures_per_bare_run']} per bare run, "
+        f"{report['config']['clients']} clients, figures of {report['config']['figure_bytes_mean']} bytes."
+    )
+    for kind, by_name in report["scenarios"].items():
+        ratios = report["ratios"][kind]
+        lines += [
+            "",
+            f"**{kind} client**",
+            "",
+            "| scenario | figures/s | p50 ms | p99 ms | errors | server RSS before / peak / after MiB "
+            "| server CPU ms/figure | client CPU ms/figure | other processes, cores | cost x bare |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name in ("bare", "bare_form", "embedded", "bare_mid", "servers", "bare_end"):
+            if name not in by_name:
+                continue
+            r = by_name[name]
+            rss = r["server_rss_mb"]
+            cost = ratios.get(name, {}).get("cost_x_bare_throughput")
+            other = r.get("machine", {}).get("other_processes_cores")
+            lines.append(
+                f"| {name} | {r['figures_per_s']:.1f} | {r['latency_ms']['p50']:.0f} | "
+                f"{r['latency_ms']['p99']:.0f} | {r['errors']} | {rss['before']:.0f} / {rss['peak']:.0f} / "
+                f"{rss['after']:.0f} | {r['server_cpu_ms_per_figure']:.1f} | "
+                f"{r['client_cpu_ms_per_figure']:.1f} | {'' if other is None else other} | "
+                f"{'reference' if cost is None else f'{cost:.2f}'} |"
+            )
+        ref = ratios["reference"]
+        lines.append("")
+        lines.append(
+            f"Reference (median of the bare runs {ref['figures_per_s_of_each_run']}): "
+            f"{ref['bare_figures_per_s']} figures/s, p50 {ref['bare_p50_ms']} ms, server CPU "
+            f"{ref['bare_server_cpu_ms_per_figure']} ms/figure."
+        )
+        for name in ("embedded", "servers"):
+            if name in ratios:
+                x = ratios[name]
+                lines.append(
+                    f"- {name}: throughput cost **{x['cost_x_bare_throughput']}x** bare, p50 "
+                    f"{x['p50_x_bare']}x, p99 {x['p99_x_bare']}x, server CPU {x['server_cpu_x_bare']}x: "
+                    f"{'meets' if x['meets_3x_target'] else 'misses'} the 3x target."
+                )
+    if "batch_memory" in report:
+        b = report["batch_memory"]
+        rss = b["server_rss_mb"]
+        lines += [
+            "",
+            "**Batch memory** (embedded server, `POST /v1/batches`, manifest folder)",
+            "",
+            "| batch | figures | status | wall s | figures/s | RSS start | 25% | 50% | 75% | 100% | peak "
+            "| peak growth | flat |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            f"| {b['batch_mb']} MB | {b['figures']} | {b['status']} ({b['ingested']} ingested, "
+            f"{b['failed']} failed) | {b['wall_s']} | {b['figures_per_s']} | {rss['start']} | {rss['25%']} | "
+            f"{rss['50%']} | {rss['75%']} | {rss['100%']} | {rss['peak']} | {b['peak_growth_mb']} MiB "
+            f"({b['peak_growth_fraction_of_batch']:.1%}) | {'yes' if b['flat'] else 'no'} |",
+        ]
+    for label, stage in report.get("stages", {}).items():
+        lines += [
+            "",
+            f"**Stages, {label}** (one figure at a time, in-process, ms per figure; CPU is the thread's "
+            "own CPU time, the rest of the wall time is waiting)",
+            "",
+            "| stage | wall | CPU |",
+            "|---|---:|---:|",
+        ]
+        for name, value in stage["ms_per_figure"].items():
+            lines.append(f"| {name} | {value['wall']} | {value['cpu']} |")
+        db = stage["database_per_figure"]
+        conc = stage["concurrent_in_process"]
+        lines += [
+            "",
+            f"Database per figure: {db['statements']:.0f} statements (with {db['savepoints']:.0f} "
+            f"SAVEPOINT/RELEASE pairs), {db['commits']:.0f} commit(s), {db['pool_checkouts']:.0f} "
+            "pool checkouts (each with a pre-ping).",
+            f"{conc['threads']} threads in-process, no HTTP: {conc['as_is']['figures_per_s']} figures/s "
+            f"({conc['as_is']['cpu_ms_per_figure']} ms CPU/figure); what-if header-only image check: "
+            f"{conc['what_if_header_only_check']['figures_per_s']} figures/s "
+            f"({conc['what_if_header_only_check']['cpu_ms_per_figure']} ms CPU/figure).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1224,12 +1496,21 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="load generator: httpx.AsyncClient, a minimal asyncio HTTP/1.1 client, or both (default)",
     )
+    parser.add_argument(
+        "--bare-factor", type=int, default=2, help="the bare endpoint gets this many times more figures"
+    )
     parser.add_argument("--skip-servers", action="store_true", help="no PostgreSQL/Redis/S3 scenario")
     parser.add_argument("--skip-batch", action="store_true", help="no batch memory scenario")
+    parser.add_argument(
+        "--markdown", type=Path, default=None, metavar="JSON", help="print a results file as Markdown"
+    )
     parser.add_argument("--serve-bare", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_bare is not None:
         run_bare_app(args.serve_bare)
+        return 0
+    if args.markdown is not None:
+        print(markdown_report(json.loads(args.markdown.read_text())), end="")
         return 0
     args.figures = args.figures or (48 if args.quick else 400)
     args.batch_mb = args.batch_mb or (48 if args.quick else 500)
@@ -1250,11 +1531,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "config": {
             "figures_per_scenario": args.figures,
+            "figures_per_bare_run": args.figures * args.bare_factor,
             "clients": args.clients,
             "warmup_requests": args.warmup,
             "batch_mb": args.batch_mb,
             "quick": args.quick,
-            "clients_kinds": args.client_kinds,
+            "client_kinds": args.client_kinds,
+            "embedded_server_env": embedded_queue_env(),
         },
     }
     started = time.monotonic()
@@ -1274,20 +1557,33 @@ def main(argv: list[str] | None = None) -> int:
         try:
             log("stages: embedded profile, in-process")
             stage_report["embedded"] = measure_stages(
-                "embedded", stage_settings_embedded(stage_data), factory, args.stage_figures, None, True
+                "embedded",
+                stage_settings_embedded(stage_data),
+                factory,
+                args.stage_figures,
+                None,
+                True,
+                args.clients,
             )
         finally:
             shutil.rmtree(stage_data, ignore_errors=True)
+        scenario_bare(results, workdir, factory, args, "bare_mid")
         if not args.skip_servers:
             backends = start_backends(workdir / "backends")
             token = scenario_servers(results, workdir, factory, args, backends)
             log("stages: PostgreSQL + Redis + S3, in-process")
             stage_report["servers"] = measure_stages(
-                "servers", stage_settings_servers(backends), factory, args.stage_figures, token, True
+                "servers",
+                stage_settings_servers(backends),
+                factory,
+                args.stage_figures,
+                token,
+                True,
+                args.clients,
             )
             backends.stop()
             backends = None
-        scenario_bare(results, workdir, factory, args, "bare_repeat")
+        scenario_bare(results, workdir, factory, args, "bare_end")
         report["scenarios"] = results
         report["stages"] = stage_report
         report["ratios"] = {kind: ratios(by_name) for kind, by_name in results.items()}

@@ -27,6 +27,7 @@ class Scope(enum.StrEnum):
 
 
 KEY_PREFIX = "p2p"
+LAST_USED_RESOLUTION_S = 60
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,11 @@ def authenticate(session: Session, authorization: str | None) -> Principal:
         raise Unauthorized("unknown API key", error_type="invalid_api_key")
     if key.revoked_at is not None:
         raise Unauthorized("this API key was revoked", error_type="revoked_api_key")
-    key.last_used_at = utcnow()
-    session.commit()
+    now = utcnow()
+    # Every request of a busy client would otherwise commit to the same row.
+    if key.last_used_at is None or (now - key.last_used_at).total_seconds() > LAST_USED_RESOLUTION_S:
+        key.last_used_at = now
+        session.commit()
     return Principal(key_id=str(key.id), name=key.name, scopes=frozenset(key.scopes))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -97,3 +98,48 @@ def test_pixel_cap_is_checked_before_decoding() -> None:
 def test_format_allow_list_is_explicit() -> None:
     with pytest.raises(UnsupportedMediaType):
         inspect_image(io.BytesIO(image_bytes("GIF")), allowed_formats=("PNG",), max_pixels=10**6)
+
+
+def _jpeg(**options: object) -> bytes:
+    buffer = io.BytesIO()
+    rng = np.random.default_rng(1)
+    Image.fromarray((rng.random((120, 160, 3)) * 255).astype(np.uint8)).save(buffer, format="JPEG", **options)
+    return buffer.getvalue()
+
+
+ALL = ("JPEG", "PNG", "TIFF", "GIF", "BMP", "WEBP")
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"progressive": True}, {"restart_marker_blocks": 2}, {"quality": 100, "subsampling": 0}]
+)
+def test_complete_jpeg_variants_pass(options: dict[str, object]) -> None:
+    data = _jpeg(**options)
+    assert inspect_image(io.BytesIO(data), allowed_formats=ALL, max_pixels=10**6).format == "JPEG"
+    # Bytes after the end-of-image marker (common in the wild) are tolerated.
+    inspect_image(io.BytesIO(data + b"\x00trailing"), allowed_formats=ALL, max_pixels=10**6)
+
+
+@pytest.mark.parametrize("cut", [0.2, 0.5, 0.99])
+def test_truncated_jpeg_at_any_point_is_corrupt(cut: float) -> None:
+    data = _jpeg(progressive=True)
+    with pytest.raises(InvalidInput) as err:
+        inspect_image(io.BytesIO(data[: int(len(data) * cut)]), allowed_formats=ALL, max_pixels=10**6)
+    assert err.value.error_type == "corrupt_image"
+
+
+def test_jpeg_with_broken_segment_length_is_corrupt() -> None:
+    data = bytearray(_jpeg())
+    dqt = data.index(b"\xff\xdb")
+    data[dqt + 2 : dqt + 4] = (0xFFFF).to_bytes(2, "big")
+    with pytest.raises(InvalidInput):
+        inspect_image(io.BytesIO(bytes(data)), allowed_formats=ALL, max_pixels=10**6)
+
+
+def test_png_with_a_flipped_byte_fails_its_crc() -> None:
+    data = bytearray(image_bytes("PNG", (80, 60), seed=5))
+    idat = data.index(b"IDAT")
+    data[idat + 10] ^= 0x55
+    with pytest.raises(InvalidInput) as err:
+        inspect_image(io.BytesIO(bytes(data)), allowed_formats=ALL, max_pixels=10**6)
+    assert "CRC" in err.value.message

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from p2p.ingest.images import digest_stream, inspect_image
-from p2p.shared.db.base import utcnow
+from p2p.shared.db.base import new_id, utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
 from p2p.shared.errors import InvalidInput, ServiceUnavailable
 from p2p.shared.licenses import license_group, normalize_license
@@ -75,39 +76,48 @@ def ingest_figure(
         return IngestOutcome(figure=existing, job=job, duplicate=True)
 
     key = content_key(digest.sha256, info.extension)
-    if not store.exists(key):
-        store.put(key, image, size=digest.size, sha256=digest.sha256, content_type=info.content_type)
+    # Content-addressed: writing the same bytes to the same key again is harmless, so no HEAD first.
+    store.put(key, image, size=digest.size, sha256=digest.sha256, content_type=info.content_type)
 
     article = _upsert_article(session, metadata.article) if metadata.article else None
-    figure = Figure(
-        image_sha256=digest.sha256,
-        caption_sha256=caption_sha,
-        object_key=key,
-        byte_size=digest.size,
-        width=info.width,
-        height=info.height,
-        format=info.format,
-        caption=caption,
-        figure_label=metadata.figure_label,
-        inline_references=list(metadata.inline_references),
-        article_id=article.id if article is not None else None,
-        source=source,
-        source_ref=metadata.source_ref,
-        status=FigureStatus.QUEUED,
-    )
-    try:
-        with session.begin_nested():
-            session.add(figure)
-    except IntegrityError:
+    figure = session.scalars(
+        insert(Figure)
+        .values(
+            id=new_id(),
+            image_sha256=digest.sha256,
+            caption_sha256=caption_sha,
+            object_key=key,
+            byte_size=digest.size,
+            width=info.width,
+            height=info.height,
+            format=info.format,
+            caption=caption,
+            figure_label=metadata.figure_label,
+            inline_references=list(metadata.inline_references),
+            article_id=article.id if article is not None else None,
+            source=source,
+            source_ref=metadata.source_ref,
+            status=FigureStatus.QUEUED,
+        )
+        .on_conflict_do_nothing(constraint="uq_figure_image_caption")
+        .returning(Figure)
+    ).first()
+    if figure is None:
         # Another request stored the same figure between our lookup and insert.
         raced = _find_figure(session, digest.sha256, caption_sha)
-        if raced is None:
-            raise
+        assert raced is not None
         job = _ensure_job(session, raced, settings)
         session.commit()
         _dispatch(session, dispatcher, job)
         return IngestOutcome(figure=raced, job=job, duplicate=True)
-    job = _ensure_job(session, figure, settings)
+    # A figure created in this transaction cannot have a job yet: no lookup, no savepoint.
+    job = MiningJob(
+        figure_id=figure.id,
+        backend=settings.mining.backend,
+        backend_version=settings.mining.backend_version,
+        status=JobStatus.QUEUED,
+    )
+    session.add(job)
     session.commit()
     _dispatch(session, dispatcher, job)
     return IngestOutcome(figure=figure, job=job, duplicate=False)

@@ -90,10 +90,11 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOut
     panel_keys, region_keys = _store_crops(runtime.store, image, result)
     result.stage_seconds["crops"] = time.perf_counter() - with_crops
     total = time.perf_counter() - started
-    provenance = {
+    params = miner.params.as_dict()
+    provenance: dict[str, Any] = {
         "backend": BACKEND,
         "version": BACKEND_VERSION,
-        "params": miner.params.as_dict(),
+        "params": params,
         "job_id": str(job_id),
     }
 
@@ -145,7 +146,7 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOut
             )
         job.status = JobStatus.SUCCEEDED
         job.backend_version = job.backend_version or BACKEND_VERSION
-        job.params = provenance["params"]
+        job.params = params
         job.stage_timings = {k: round(v, 4) for k, v in result.stage_seconds.items()}
         job.cost = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "seconds": round(total, 4)}
         job.notes = result.notes

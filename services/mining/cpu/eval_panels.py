@@ -67,18 +67,22 @@ def evaluate(
     matched_ious: list[float] = []
     seg_seconds: list[float] = []
     label_seconds: list[float] = []
+    seg_cpu: list[float] = []
+    label_cpu: list[float] = []
     per_figure: list[dict[str, Any]] = []
     for name in names:
         entry = annotations[name]
         image = load_image(figures_dir / name)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         panels = segmenter(image)
         seg_seconds.append(time.perf_counter() - started)
+        seg_cpu.append(time.process_time() - cpu)
         predicted_labels: list[str | None] = [None] * len(panels)
         if labeler is not None:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             predicted_labels = labeler(image, panels)
             label_seconds.append(time.perf_counter() - started)
+            label_cpu.append(time.process_time() - cpu)
         truth = entry.get("panels", [])
         gt_boxes = [geometry.from_inclusive(p["box"]) for p in truth]
         pred_boxes = [p.box for p in panels]
@@ -120,6 +124,8 @@ def evaluate(
         "label_accuracy": labels_right / labelled if labelled and labeler is not None else None,
         "ms_segment": 1000 * float(np.mean(seg_seconds)) if seg_seconds else 0.0,
         "ms_labels": 1000 * float(np.mean(label_seconds)) if label_seconds else None,
+        "cpu_ms_segment": 1000 * float(np.mean(seg_cpu)) if seg_cpu else 0.0,
+        "cpu_ms_labels": 1000 * float(np.mean(label_cpu)) if label_cpu else None,
         "per_figure": per_figure,
     }
 
@@ -156,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         "naive_xycut": evaluate(args.dir, annotations, naive_xycut, labeler=labeler, limit=args.limit),
         "segment_panels": evaluate(args.dir, annotations, segment_panels, labeler=labeler, limit=args.limit),
     }
-    print(f"{reports['segment_panels']['figures']} figures, {reports['segment_panels']['panels_truth']} panels")
-    print(f"{'':<16} {'F1@0.5':>7} {'F1@0.75':>8} {'F1@0.9':>7} {'meanIoU':>8} {'label_acc':>9} {'ms_seg':>8} {'ms_lab':>8}")
+    print(
+        f"{reports['segment_panels']['figures']} figures, {reports['segment_panels']['panels_truth']} panels"
+    )
+    header = ("F1@0.5", "F1@0.75", "F1@0.9", "meanIoU", "label_acc", "ms_seg", "ms_lab")
+    widths = (7, 8, 7, 8, 9, 8, 8)
+    print(f"{'':<16} " + " ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
     for name, report in reports.items():
         print(_row(name, report))
     if args.verbose:

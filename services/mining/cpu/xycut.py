@@ -44,8 +44,8 @@ def _gaps(profile: np.ndarray, min_gap: int) -> list[tuple[int, int]]:
 def _cut(
     mask: np.ndarray, x0: int, y0: int, min_gap: int, depth: int, out: list[tuple[int, int, int, int]]
 ) -> None:
-    rows = mask.any(axis=1)
-    cols = mask.any(axis=0)
+    rows = np.asarray(mask.any(axis=1), dtype=bool)
+    cols = np.asarray(mask.any(axis=0), dtype=bool)
     if not rows.any():
         return
     top, bottom = int(np.argmax(rows)), len(rows) - int(np.argmax(rows[::-1]))
@@ -56,7 +56,7 @@ def _cut(
         out.append((x0, y0, x0 + mask.shape[1], y0 + mask.shape[0]))
         return
     for axis in (0, 1):  # 0: horizontal gutters (split rows), 1: vertical gutters (split columns)
-        profile = mask.any(axis=1) if axis == 0 else mask.any(axis=0)
+        profile = np.asarray(mask.any(axis=1 - axis), dtype=bool)
         gaps = _gaps(profile, min_gap)
         if not gaps:
             continue

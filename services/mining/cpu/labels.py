@@ -1,0 +1,672 @@
+"""Panel labels: OCR on candidate label areas only, then one label per panel.
+
+``find_labels`` never runs OCR over the whole figure. It proposes small glyph groups near each
+panel's top-left corner, outside the panel (isolated dark glyphs in the gutter, found from
+connected components of the ink mask) and, when that finds nothing readable, inside the corner
+(light-on-dark or dark-on-light glyphs separated from the local background by Otsu), then reads
+all crops in a few small batches with the PP-OCRv4 recogniser that ships inside
+``rapidocr_onnxruntime`` (crops are upscaled so glyphs are ~22 px tall; decoding is restricted to
+the label alphabet). Panels where neither finds a label get one more try: the text detector of the
+same package on the small corner crop.
+
+``assign_labels`` maps detections to panels (the nearest panel whose top-left region the label
+sits in or near, one label per panel) and repairs OCR confusions (l/I/1, O/0, S/5, case) where
+the a, b, c... sequence in reading order makes the intended label clear. ``reading_order`` gives
+the fallback order (rows, then columns, following the gutters).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from p2p.mining.cpu.segment import (
+    CornerGlyph,
+    _as_rgb,
+    _label_candidates,
+    _text_unit,
+    corner_glyphs,
+    ink_mask,
+    recall_analysis,
+)
+from p2p.mining.types import LabelDetection, PanelCandidate
+from p2p.shared import geometry
+from p2p.shared.geometry import Box
+
+REC_HEIGHT = 32  # recogniser input height (the model is trained at 48; 32 reads labels as well, 2x faster)
+GLYPH_HEIGHT = 22  # label crops (glyphs + 1-2 px) are scaled to this height inside the input
+MIN_GLYPH_WIDTH = 14  # thin glyphs are stretched to at least this width
+BATCH = 8
+MIN_SCORE = 0.12  # readings below this are dropped; below STRONG_SCORE they count only if the
+STRONG_SCORE = 0.5  # a, b, c... sequence confirms them (see assign_labels)
+OCR_THREADS = 1  # one thread per call: the miner runs one figure per core
+
+ROMAN = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii", "ix", "x", "xi", "xii")
+_LABEL_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789()[]."
+_STRIP = "()[]{}.,:;'\"`*-_ \t"
+_LABEL_RE = re.compile(r"^(?:[A-Za-z]|[1-9][0-9]?|[1-9][0-9]?[A-Za-z]|[A-Za-z][1-9])$")
+
+# characters a recogniser confuses on single bold glyphs: what else the glyph may be
+_THIN = "lI1ij|"
+_CONFUSIONS: dict[str, str] = {
+    **{c: c + _THIN.replace(c, "") for c in _THIN},
+    "O": "Oo0D",
+    "o": "oO0",
+    "0": "0Oo",
+    "D": "DO0",
+    "S": "Ss5",
+    "s": "sS5",
+    "5": "5Ss",
+    "Z": "Zz2",
+    "z": "zZ2",
+    "2": "2zZ",
+    "g": "g9q",
+    "9": "9g",
+    "q": "qg9",
+    "B": "B8b",
+    "8": "8B",
+    "G": "G6",
+    "6": "6Gb",
+    "b": "b6",
+    "e": "ec",
+    "n": "nh",
+    "h": "hn",
+    "u": "uvU",
+    "v": "vuV",
+    "r": "rf",
+    "f": "fr",
+    "t": "tf",
+    "J": "Jj",
+}
+for _c in "cCkKoOpPsSuUvVwWxXyYzZ":
+    _CONFUSIONS.setdefault(_c, _c)
+    if _c.swapcase() not in _CONFUSIONS[_c]:
+        _CONFUSIONS[_c] += _c.swapcase()
+
+
+# --------------------------------------------------------------------------------------------
+# normalisation
+
+
+def normalize_label(raw: str) -> str | None:
+    """Label as printed without decoration: "(a)" -> "a", "A." -> "A", "1a", "ii"; None if not a label."""
+    text = "".join(raw.split())
+    text = text.strip(_STRIP)
+    if not text:
+        return None
+    if text == "|":
+        return "l"
+    if text.lower() in ROMAN and len(text) > 1:
+        return text if text in (text.lower(), text.upper()) else text.lower()
+    if _LABEL_RE.match(text):
+        return text
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# OCR engine (loaded once per process)
+
+
+class _Ocr:
+    def __init__(self) -> None:
+        from rapidocr_onnxruntime import RapidOCR
+
+        engine = RapidOCR(
+            intra_op_num_threads=OCR_THREADS,
+            inter_op_num_threads=1,
+            det_limit_type="max",
+            det_limit_side_len=960,
+        )
+        self.rec = engine.text_rec.session
+        self.det = engine.text_det
+        characters: list[str] = list(engine.text_rec.postprocess_op.character)
+        self.characters = characters
+        allowed = [i for i, c in enumerate(characters) if c in _LABEL_ALPHABET]
+        self.allowed = np.array([0, *allowed], dtype=np.int64)  # 0 = CTC blank
+        self.lock = threading.Lock()
+
+    def read(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
+        """(text, score) per grey crop (dark glyphs on white), decoded over the label alphabet."""
+        results: list[tuple[str, float]] = [("", 0.0)] * len(crops)
+        if not crops:
+            return results
+        order = sorted(range(len(crops)), key=lambda i: crops[i].shape[1])
+        for start in range(0, len(order), BATCH):
+            chunk = order[start : start + BATCH]
+            width = max(crops[i].shape[1] for i in chunk)
+            width = int(np.ceil(width / 8) * 8)
+            batch = np.full((len(chunk), 3, REC_HEIGHT, width), 1.0, dtype=np.float32)
+            for row, i in enumerate(chunk):
+                crop = crops[i].astype(np.float32) / 127.5 - 1.0
+                batch[row, :, :, : crop.shape[1]] = crop[None, :, :]
+            with self.lock:
+                probs = self.rec(batch)[0]
+            sub = probs[:, :, self.allowed]
+            best = sub.argmax(axis=2)
+            best_p = sub.max(axis=2)
+            for row, i in enumerate(chunk):
+                text, scores, previous = [], [], 0
+                for t, k in enumerate(best[row]):
+                    k = int(k)
+                    if k != 0 and k != previous:
+                        text.append(self.characters[int(self.allowed[k])])
+                        scores.append(float(best_p[row, t]))
+                    previous = k
+                if not text:
+                    # a lone thin glyph often loses to the blank: take its strongest character
+                    t = int(sub[row, :, 1:].max(axis=1).argmax())
+                    k = int(sub[row, t, 1:].argmax()) + 1
+                    text, scores = [self.characters[int(self.allowed[k])]], [float(sub[row, t, k])]
+                results[i] = ("".join(text), float(np.mean(scores)))
+        return results
+
+    def detect(self, crop_rgb: np.ndarray) -> list[tuple[int, int, int, int]]:
+        """Axis-aligned text boxes found by the DB detector in a small RGB crop."""
+        with self.lock:
+            boxes, _ = self.det(np.ascontiguousarray(crop_rgb[:, :, ::-1]))
+        out: list[tuple[int, int, int, int]] = []
+        if boxes is None:
+            return out
+        for quad in boxes:
+            xs, ys = quad[:, 0], quad[:, 1]
+            out.append((int(xs.min()), int(ys.min()), int(np.ceil(xs.max())), int(np.ceil(ys.max()))))
+        return out
+
+
+_ENGINE: _Ocr | None = None
+_ENGINE_LOCK = threading.Lock()
+
+
+def _engine() -> _Ocr:
+    global _ENGINE
+    with _ENGINE_LOCK:
+        if _ENGINE is None:
+            _ENGINE = _Ocr()
+        return _ENGINE
+
+
+def warm_up() -> None:
+    """Load the OCR models and run them once, so the first figure is not slow."""
+    engine = _engine()
+    engine.read([np.full((REC_HEIGHT, 48), 255, dtype=np.uint8)])
+    engine.detect(np.full((64, 64, 3), 255, dtype=np.uint8))
+
+
+# --------------------------------------------------------------------------------------------
+# candidates
+
+
+@dataclass
+class _Candidate:
+    box: tuple[int, int, int, int]  # glyphs, figure pixels, exclusive
+    crop: np.ndarray  # grey, dark glyphs on white, REC_HEIGHT tall
+    panel: int
+    prior: float  # geometric plausibility, 0..1
+
+
+def _prepare_crop(
+    gray: np.ndarray, keep: np.ndarray | None, box: tuple[int, int, int, int], invert: bool
+) -> np.ndarray:
+    """Grey crop of ``box`` (glyphs plus a 1-2 px margin) with everything but the glyphs whitened,
+    scaled so the crop is ``GLYPH_HEIGHT`` tall; thin glyphs (i, j, l, 1) are widened a little,
+    which the recogniser reads far more reliably."""
+    x1, y1, x2, y2 = box
+    patch = gray[y1:y2, x1:x2].astype(np.float32)
+    if invert:
+        patch = 255.0 - patch
+    if keep is not None:
+        patch = np.where(keep, patch, 255.0)
+    lo = float(patch.min()) if patch.size else 255.0
+    if lo < 250:  # stretch contrast: glyph core black, background white
+        patch = np.clip((patch - lo) * (255.0 / max(1.0, 255.0 - lo)), 0, 255)
+    patch = _spread(patch)
+    h, w = patch.shape
+    scale = GLYPH_HEIGHT / max(1, h)
+    new_w = max(MIN_GLYPH_WIDTH, round(w * scale))
+    resized = cv2.resize(patch, (new_w, GLYPH_HEIGHT), interpolation=cv2.INTER_CUBIC)
+    pad_y = (REC_HEIGHT - GLYPH_HEIGHT) // 2
+    pad_x = pad_y
+    canvas = np.full((REC_HEIGHT, max(REC_HEIGHT, new_w + 2 * pad_x)), 255.0, dtype=np.float32)
+    canvas[pad_y : pad_y + GLYPH_HEIGHT, pad_x : pad_x + new_w] = resized
+    return np.clip(canvas, 0, 255).astype(np.uint8)
+
+
+def _spread(patch: np.ndarray) -> np.ndarray:
+    """Open up the gaps between glyphs, so that the recogniser's CTC decoding does not merge
+    repeated thin letters ("ii", "11") into one."""
+    h = patch.shape[0]
+    inked = (patch < 160).any(axis=0)
+    if not inked.any():
+        return patch
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], inked.astype(np.int8), [0]))))
+    runs = list(zip(edges[0::2], edges[1::2], strict=True))
+    if len(runs) < 2:
+        return patch
+    gap = np.full((h, max(2, round(0.35 * h))), 255.0, dtype=np.float32)
+    pieces = [patch[:, : runs[0][0]]]
+    for k, (start, stop) in enumerate(runs):
+        pieces.append(patch[:, start:stop])
+        if k + 1 < len(runs):
+            pieces.append(gap)
+    pieces.append(patch[:, runs[-1][1] :])
+    return np.concatenate(pieces, axis=1)
+
+
+def _crop_box(word: tuple[int, int, int, int], width: int, height: int) -> tuple[int, int, int, int]:
+    x1, y1, x2, y2 = word
+    pad = max(1, round(0.08 * (y2 - y1)))
+    return max(0, x1 - pad), max(0, y1 - pad), min(width, x2 + pad), min(height, y2 + pad)
+
+
+def _zone(panel: Box, u: float) -> tuple[float, float, float, float, float, float]:
+    """Outside/inside extents of the top-left label search zone of a panel."""
+    x1, y1, x2, y2 = panel
+    side = min(x2 - x1, y2 - y1)
+    out = float(np.clip(0.3 * side, 3.0 * u, 9.0 * u))
+    inside = float(np.clip(0.25 * side, 2.5 * u, 7.0 * u))
+    return x1 - out, y1 - out, x1 + inside, y1 + inside, out, inside
+
+
+def _outside_candidates(
+    glyph_words: list[tuple[tuple[int, int, int, int], list[int]]],
+    cc_labels: np.ndarray,
+    gray: np.ndarray,
+    panels: list[Box],
+    u: float,
+) -> list[_Candidate]:
+    out: list[_Candidate] = []
+    for word, members in glyph_words:
+        wx1, wy1, wx2, wy2 = word
+        gh = wy2 - wy1
+        cx, cy = (wx1 + wx2) / 2, (wy1 + wy2) / 2
+        best, best_prior = -1, 0.0
+        for k, panel in enumerate(panels):
+            zx1, zy1, zx2, zy2, reach, _ = _zone(panel, u)
+            if not (zx1 <= cx <= zx2 and zy1 <= cy <= zy2):
+                continue
+            # distance from the label to the panel's top-left corner, outside the content
+            dx = max(0.0, panel[0] - wx2, wx1 - panel[0])
+            dy = max(0.0, panel[1] - wy2, wy1 - panel[1])
+            prior = 1.0 - min(1.0, (dx + dy) / (2.0 * reach + gh))
+            if prior > best_prior:
+                best, best_prior = k, prior
+        if best < 0:
+            continue
+        x1, y1, x2, y2 = _crop_box(word, gray.shape[1], gray.shape[0])
+        region = cc_labels[y1:y2, x1:x2]
+        keep = np.isin(region, members)
+        # circled labels: drop a ring that encloses the other glyph components, read what is inside
+        if len(members) >= 2:
+            dropped = _drop_ring(region, members, keep)
+            if dropped is not keep and dropped.any():
+                ys, xs = np.nonzero(dropped)
+                inner = (
+                    x1 + int(xs.min()),
+                    y1 + int(ys.min()),
+                    x1 + int(xs.max()) + 1,
+                    y1 + int(ys.max()) + 1,
+                )
+                ix1, iy1, ix2, iy2 = _crop_box(inner, gray.shape[1], gray.shape[0])
+                keep = dropped[iy1 - y1 : iy2 - y1, ix1 - x1 : ix2 - x1]
+                x1, y1, x2, y2 = ix1, iy1, ix2, iy2
+        crop = _prepare_crop(gray, keep, (x1, y1, x2, y2), invert=False)
+        out.append(_Candidate(box=word, crop=crop, panel=best, prior=best_prior))
+    return out
+
+
+def _drop_ring(region: np.ndarray, members: list[int], keep: np.ndarray) -> np.ndarray:
+    boxes = {}
+    for m in members:
+        ys, xs = np.nonzero(region == m)
+        if xs.size:
+            boxes[m] = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
+    for m, (x1, y1, x2, y2) in boxes.items():
+        inner = [
+            o
+            for o, (a1, b1, a2, b2) in boxes.items()
+            if o != m and a1 > x1 and b1 > y1 and a2 < x2 and b2 < y2
+        ]
+        if inner and 0.7 <= (x2 - x1) / max(1, y2 - y1) <= 1.4:
+            return keep & (region != m)
+    return keep
+
+
+def _corner_distance(glyph: tuple[int, int, int, int], panel: Box, corner: str) -> float:
+    gx1, gy1, gx2, gy2 = glyph
+    px1, py1, px2, py2 = panel
+    dx = gx1 - px1 if corner[1] == "l" else px2 - gx2
+    dy = gy1 - py1 if corner[0] == "t" else py2 - gy2
+    return float(dx + dy)
+
+
+def _inside_candidates(gray: np.ndarray, panels: list[Box], indices: list[int], u: float) -> list[_Candidate]:
+    """Glyphs printed inside panels near a corner, either polarity. One corner for the figure:
+    the one where most of these panels show a label-like glyph (top-left on ties)."""
+    found: dict[str, dict[int, list[CornerGlyph]]] = {}
+    for corners in (("tl",), ("tr", "bl", "br")):
+        for k in indices:
+            x1, y1, x2, y2 = (round(v) for v in panels[k])
+            for glyph in corner_glyphs(gray, (x1, y1, x2, y2), u, corners):
+                found.setdefault(glyph.corner, {}).setdefault(k, []).append(glyph)
+        if len(found.get("tl", {})) >= max(1, 0.5 * len(indices)):
+            break
+    if not found:
+        return []
+    corner = max(found, key=lambda c: (len(found[c]), c == "tl"))
+    out: list[_Candidate] = []
+    for k, glyphs in found[corner].items():
+        # the glyph group closest to the corner first; at most two per panel
+        px1, py1, px2, py2 = panels[k]
+        side = max(1.0, min(px2 - px1, py2 - py1))
+        ranked = sorted((_corner_distance(g.box, panels[k], corner), i) for i, g in enumerate(glyphs))
+        for distance, i in ranked[:2]:
+            glyph = glyphs[i]
+            crop = _prepare_crop(gray, glyph.keep, glyph.crop_box, invert=glyph.invert)
+            prior = 0.9 - min(0.5, distance / side)
+            out.append(_Candidate(box=glyph.box, crop=crop, panel=k, prior=prior))
+    return out
+
+
+def _detector_candidates(
+    engine: _Ocr, rgb: np.ndarray, gray: np.ndarray, panel: Box, index: int, u: float
+) -> list[_Candidate]:
+    """Last resort: the DB text detector on a small crop around the panel's top-left corner."""
+    height, width = gray.shape
+    x1, y1 = int(panel[0]), int(panel[1])
+    reach = int(np.clip(3.0 * u, 16, 64))
+    cx1, cy1 = max(0, x1 - reach), max(0, y1 - reach)
+    cx2, cy2 = min(width, x1 + reach), min(height, y1 + reach)
+    if cx2 - cx1 < 8 or cy2 - cy1 < 8:
+        return []
+    crop = rgb[cy1:cy2, cx1:cx2]
+    scale = 2.0 if max(crop.shape[:2]) < 160 else 1.0
+    if scale != 1.0:
+        crop = cv2.resize(crop, None, fx=scale, fy=scale, interpolation=cv2.INTER_CUBIC)
+    out: list[_Candidate] = []
+    for bx1, by1, bx2, by2 in engine.detect(crop):
+        fx1, fy1 = cx1 + int(bx1 / scale), cy1 + int(by1 / scale)
+        fx2, fy2 = cx1 + int(np.ceil(bx2 / scale)), cy1 + int(np.ceil(by2 / scale))
+        gh = fy2 - fy1
+        if gh < 4 or fx2 - fx1 > 4.0 * gh:
+            continue
+        patch = gray[fy1:fy2, fx1:fx2]
+        if patch.size == 0:
+            continue
+        invert = float(np.median(patch)) < 128
+        crop_g = _prepare_crop(gray, None, (fx1, fy1, fx2, fy2), invert=invert)
+        out.append(_Candidate(box=(fx1, fy1, fx2, fy2), crop=crop_g, panel=index, prior=0.4))
+    return out
+
+
+def find_labels(image: np.ndarray, panels: Sequence[PanelCandidate]) -> list[LabelDetection]:
+    """Panel labels read by OCR near each panel's top-left corner (figure pixels, exclusive)."""
+    rgb = _as_rgb(image)
+    height, width = rgb.shape[:2]
+    if not panels or height < 8 or width < 8:
+        return []
+    boxes = [geometry.clip(p.box, width, height) for p in panels]
+    known = recall_analysis(image)  # the segmenter has usually just looked at this figure
+    if known is not None and known.mask.shape == (height, width):
+        gray, glyphs, u = known.gray, known.glyphs, known.u
+    else:
+        gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+        mask = ink_mask(rgb).astype(np.uint8)
+        _, cc_labels, cc_stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+        u = _text_unit(cc_stats, height, width)
+        glyphs = _label_candidates(mask, cc_labels, cc_stats, u)
+    cc_labels = glyphs.labels
+    # words in the gutters or at a panel's top-left corner; text deep inside a panel is content
+    words = []
+    for word, members in glyphs.words:
+        cx, cy = (word[0] + word[2]) / 2, (word[1] + word[3]) / 2
+        reach = 2.0 * (word[3] - word[1])
+        if any(b[0] + reach < cx < b[2] and b[1] + reach < cy < b[3] for b in boxes):
+            continue
+        words.append((word, members))
+    engine = _engine()
+    candidates = _outside_candidates(words, cc_labels, gray, boxes, u)
+    detections = _read(engine, candidates)
+    found = {d_panel for d_panel, det in detections if det.confidence >= STRONG_SCORE}
+    missing = [k for k in range(len(boxes)) if k not in found]
+    if missing:
+        detections.extend(_read(engine, _inside_candidates(gray, boxes, missing, u)))
+        found = {d_panel for d_panel, det in detections if det.confidence >= STRONG_SCORE}
+        missing = [k for k in range(len(boxes)) if k not in found]
+    if missing and len(missing) <= max(2, len(boxes) // 2):
+        extra: list[_Candidate] = []
+        for k in missing:
+            extra.extend(_detector_candidates(engine, rgb, gray, boxes[k], k, u))
+        detections.extend(_read(engine, extra))
+    return [d for _, d in detections]
+
+
+def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDetection]]:
+    if not candidates:
+        return []
+    readings = engine.read([c.crop for c in candidates])
+    out: list[tuple[int, LabelDetection]] = []
+    seen: set[tuple[int, int, int, int]] = set()
+    for cand, (raw, score) in zip(candidates, readings, strict=True):
+        text = normalize_label(raw)
+        if text is None or score < MIN_SCORE or cand.box in seen:
+            continue
+        seen.add(cand.box)
+        x1, y1, x2, y2 = cand.box
+        confidence = float(score * (0.5 + 0.5 * cand.prior))
+        box = (float(x1), float(y1), float(x2), float(y2))
+        out.append((cand.panel, LabelDetection(text=text, box=box, confidence=confidence, raw=raw)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# reading order and assignment
+
+
+def reading_order(panels: Sequence[PanelCandidate | Box]) -> list[int]:
+    """Panel indices in reading order: rows top to bottom, left to right within a row, following
+    whole-figure gutters first (so a column of stacked panels is read before the next column)."""
+    boxes = [p.box if isinstance(p, PanelCandidate) else p for p in panels]
+    if not boxes:
+        return []
+
+    def cut(indices: list[int]) -> list[int]:
+        if len(indices) <= 1:
+            return indices
+        for axis in (1, 0):  # 1: horizontal gutter (rows), 0: vertical gutter (columns)
+            lo, hi = (1, 3) if axis == 1 else (0, 2)
+            spans = sorted((boxes[i][lo], boxes[i][hi], i) for i in indices)
+            groups: list[list[int]] = []
+            reach = -np.inf
+            for start, end, i in spans:
+                # tolerate slight overlaps (boxes that touch or nearly touch)
+                size = end - start
+                if groups and start < reach - 0.1 * size:
+                    groups[-1].append(i)
+                    reach = max(reach, end)
+                else:
+                    groups.append([i])
+                    reach = end
+            if len(groups) > 1:
+                return [k for g in groups for k in cut(g)]
+        return sorted(indices, key=lambda i: (boxes[i][1], boxes[i][0]))
+
+    return cut(list(range(len(boxes))))
+
+
+def _style(text: str) -> str:
+    if text.isdigit():
+        return "digit"
+    if text.lower() in ROMAN and len(text) > 1:
+        return "roman"
+    if len(text) == 1 and text.isalpha():
+        return "lower" if text.islower() else "upper"
+    return "other"
+
+
+_ROMANISH = str.maketrans({"1": "i", "l": "i", "I": "i", "|": "i", "j": "i", "V": "v", "X": "x", "y": "v"})
+
+
+def _options(text: str) -> list[str]:
+    """What an OCR reading may stand for (itself first)."""
+    if len(text) != 1:
+        options = [text, text.lower(), text.upper()]
+        roman = text.translate(_ROMANISH).lower()
+        if roman in ROMAN:
+            options += [roman, roman.upper()]
+        return list(dict.fromkeys(options))
+    alternatives = _CONFUSIONS.get(text, text)
+    return list(dict.fromkeys(text + alternatives))
+
+
+def _zone_cost(label: Box, panel: Box) -> float | None:
+    """How well a label sits at a panel's top-left, outside or inside, or inside near another
+    corner (lower is better); None if it is not where a panel label goes."""
+    lx1, ly1, lx2, ly2 = label
+    px1, py1, px2, py2 = panel
+    lh = max(1.0, ly2 - ly1)
+    pw, ph = px2 - px1, py2 - py1
+    if lx1 >= px2 or ly1 >= py2:
+        return None
+    cx, cy = (lx1 + lx2) / 2, (ly1 + ly2) / 2
+    inside = px1 - 1 <= lx1 and lx2 <= px2 + 1 and py1 - 1 <= ly1 and ly2 <= py2 + 1
+    if inside:
+        near_x, near_y = max(3.0 * lh, 0.3 * pw), max(3.0 * lh, 0.3 * ph)
+        best: float | None = None
+        for right in (False, True):
+            for bottom in (False, True):
+                dx = px2 - lx2 if right else lx1 - px1
+                dy = py2 - ly2 if bottom else ly1 - py1
+                if dx <= near_x and dy <= near_y:
+                    cost = (dx + dy) / lh + (0.0 if not (right or bottom) else 0.5)
+                    best = cost if best is None else min(best, cost)
+        return best
+    reach = max(6.0 * lh, 0.25 * min(pw, ph))
+    if cx < px1 - reach or cy < py1 - reach:
+        return None
+    if cx > px1 + max(3.0 * lh, 0.3 * pw) or cy > py1 + max(3.0 * lh, 0.3 * ph):
+        return None
+    dx = max(0.0, px1 - lx2, lx1 - px1)
+    dy = max(0.0, py1 - ly2, ly1 - py1)
+    return (dx + dy) / lh
+
+
+def assign_labels(panels: Sequence[PanelCandidate], labels: Sequence[LabelDetection]) -> list[str | None]:
+    """One label (or None) per panel; OCR confusions repaired by the a, b, c... sequence."""
+    n = len(panels)
+    result: list[str | None] = [None] * n
+    if n == 0 or not labels:
+        return result
+    pairs: list[tuple[float, int, int]] = []
+    for li, det in enumerate(labels):
+        # a label printed inside a panel names that panel, never a neighbour
+        homes = [
+            pi
+            for pi, panel in enumerate(panels)
+            if geometry.intersection(det.box, panel.box) >= 0.9 * max(1.0, geometry.area(det.box))
+        ]
+        for pi, panel in enumerate(panels):
+            if homes and pi not in homes:
+                continue
+            cost = _zone_cost(det.box, panel.box)
+            if cost is not None:
+                pairs.append((cost - 2.0 * det.confidence, li, pi))
+    pairs.sort()
+    used_labels: set[int] = set()
+    chosen: dict[int, LabelDetection] = {}
+    for _, li, pi in pairs:
+        if li in used_labels or pi in chosen:
+            continue
+        used_labels.add(li)
+        chosen[pi] = labels[li]
+    if not chosen:
+        return result
+    order = reading_order(panels)
+    texts: dict[int, str] = {pi: det.text for pi, det in chosen.items()}
+    confidence = {pi: det.confidence for pi, det in chosen.items()}
+    texts = _repair_sequence(order, texts, confidence)
+    for pi, text in texts.items():
+        result[pi] = text
+    return result
+
+
+def _repair_sequence(order: list[int], texts: dict[int, str], confidence: dict[int, float]) -> dict[int, str]:
+    """Fix confusable readings so the labels, in reading order, form one consecutive series.
+
+    Weak readings (confidence below ``STRONG_SCORE``) survive only when the series confirms them;
+    a panel whose reading does not fit (or that has none) gets the label the series expects there
+    when its neighbours in reading order carry the expected labels.
+    """
+    strong = {pi: t for pi, t in texts.items() if confidence.get(pi, 0.0) >= STRONG_SCORE}
+    voters = strong or texts
+    styles = [_style(t) for t in voters.values()]
+    counts = {s: styles.count(s) for s in set(styles)}
+    main = max(counts, key=lambda s: (counts[s], s != "other"))
+    series = _series(main)
+    positions = {pi: rank for rank, pi in enumerate(order)}
+    best_offset, best = 0, (-1, -1)
+    for offset in range(-len(order), len(series)):
+        fit = exact = 0
+        for pi, text in texts.items():
+            index = positions[pi] + offset
+            if 0 <= index < len(series) and series[index] in _options(text):
+                fit += 1 + int(pi in strong)
+                exact += int(series[index] == text)
+        if (fit, exact) > best:
+            best_offset, best = offset, (fit, exact)
+    fitting = {
+        pi
+        for pi, text in texts.items()
+        if 0 <= positions[pi] + best_offset < len(series)
+        and series[positions[pi] + best_offset] in _options(text)
+    }
+    consistent = bool(series) and len(fitting) >= 2 and len(fitting) >= 0.6 * len(texts)
+    fixed: dict[int, str] = {}
+    if not consistent:
+        for pi, text in strong.items():
+            fits = [o for o in _options(text) if _style(o) == main]
+            fixed[pi] = text if _style(text) == main or not fits else fits[0]
+        return _dedupe(fixed, confidence)
+
+    def expected_at(rank: int) -> str | None:
+        index = rank + best_offset
+        return series[index] if 0 <= index < len(series) else None
+
+    def confirmed(rank: int) -> bool:
+        if 0 <= rank < len(order):
+            return order[rank] in fitting
+        return True  # the figure's edge
+
+    for rank, pi in enumerate(order):
+        expected = expected_at(rank)
+        reading = texts.get(pi)
+        if pi in fitting and expected is not None:
+            fixed[pi] = expected
+        elif reading is not None and pi in strong:
+            fixed[pi] = reading  # a clear reading that no confusion explains: trust it
+        elif expected is not None and confirmed(rank - 1) and confirmed(rank + 1):
+            fixed[pi] = expected
+    return _dedupe(fixed, confidence)
+
+
+def _dedupe(fixed: dict[int, str], confidence: dict[int, float]) -> dict[int, str]:
+    seen: dict[str, int] = {}
+    for pi in sorted(fixed, key=lambda p: -confidence.get(p, 0.0)):
+        seen.setdefault(fixed[pi], pi)
+    return {pi: text for text, pi in seen.items()}
+
+
+def _series(style: str) -> list[str]:
+    if style == "lower":
+        return list("abcdefghijklmnopqrstuvwxyz")
+    if style == "upper":
+        return list("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    if style == "digit":
+        return [str(i) for i in range(1, 100)]
+    if style == "roman":
+        return list(ROMAN)
+    return []

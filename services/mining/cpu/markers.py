@@ -1,0 +1,1697 @@
+"""Annotation markers on photographic panels: arrows, arrowheads, asterisks, stars, drawn
+rectangles and circles/ovals (solid or dashed), and zoom-in insets.
+
+Markers are overlays: drawn in a colour or a tone that the micrograph underneath does not have
+at that place (saturated colour on a grey image, near-white or near-black strokes on a mid-tone
+background). ``detect_markers`` builds "ink" masks from contrast against a local background
+estimate (a median over about 20 px, wider than any stroke) and then asks shape questions:
+
+* arrows, head first: compact blobs of strong ink are arrowhead candidates; from each, rays in
+  all directions look for a shaft, i.e. a straight run of samples brighter (darker, or of the
+  head's colour) than the samples a few pixels to either side (a thin ridge, tolerant of the
+  breaks anti-aliasing leaves in a one-pixel line). A shaft gives the direction (shaft -> head);
+  the tip is the head's extreme pixel along it. A blob with no shaft but a clean isosceles
+  triangle shape is an arrowhead;
+* arrows, whole: connected ink components that are a thin straight shaft widening into a head
+  at one end and tapering to a tip (line-drawn "V" heads included);
+* asterisks and stars: five to eight spokes around a centre (polar profile of the component);
+* closed outlines: a ring with one large hole (rectangle or circle/oval by how much of its
+  bounding box the filled outline covers); dashed ones after bridging the gaps between dashes
+  by a morphological closing, with a check that the dashes run around the outline;
+* long straight (dashed or solid) rows and columns of ink assembled into rectangles;
+* insets: an embedded sub-image in a panel corner, bounded by a straight vertical and a straight
+  horizontal edge or frame line that meet at its inner corner (and do not run on across the
+  whole panel, which would make them a gutter between juxtaposed sub-images). A drawn
+  rectangle elsewhere in the panel with the same inset frame style and lines connecting it to
+  the inset is reported as the inset's source region.
+
+Scale bars (solid thin bars in the lower part of a panel, with their text) and strokes lying
+along the panel border or an inset frame are not markers.
+
+Every marker reports the structure it indicates as ``target_box``: beyond the tip for arrows and
+arrowheads, the neighbourhood of the glyph for asterisks and stars, the enclosed region for
+outlines and the frame for insets. All boxes are figure pixels with exclusive x2/y2; points are
+pixel coordinates (the arrow tip pixel, the centre of an outline).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from p2p.mining.types import Marker
+from p2p.shared.geometry import Box
+
+MIN_CONFIDENCE = 0.35  # candidates scoring lower are dropped
+# Arrows are tested against an ideal arrow shape; below this the look-alikes (texture ridges,
+# elongated cells) outnumber real arrows on the development and synthetic sets.
+_MIN_SCORE = {"arrow": 0.8}
+
+_POINTING = ("arrow", "arrowhead")
+_STRONG = {"white_lo": "white", "black_lo": "black", "colour": "colour"}  # mask -> its strong core
+_ENCLOSING = ("box", "circle", "inset")
+_COARSE = np.deg2rad(np.arange(0.0, 360.0, 10.0))
+_RING = np.deg2rad(np.arange(0.0, 360.0, 10.0))
+
+
+@dataclass
+class _Cand:
+    kind: str
+    glyph: tuple[int, int, int, int]  # crop pixels, x2/y2 exclusive
+    point: tuple[float, float]  # target point, crop pixel coordinates
+    score: float
+    region: tuple[float, float, float, float] | None = None  # enclosed region (outlines, insets)
+    direction: float | None = None  # degrees, image coordinates (y down), tail -> tip
+    size: float = 0.0  # glyph length along its axis, sizes a pointing target
+    color: tuple[int, int, int] | None = None
+
+
+# ----------------------------------------------------------------------------- panel
+
+
+class _Panel:
+    """One panel crop: tone, saturation, background estimate, ink masks (cached components)."""
+
+    def __init__(self, crop: np.ndarray) -> None:
+        self.rgb = crop
+        self.h, self.w = crop.shape[:2]
+        self.diag = math.hypot(self.w, self.h)
+        self.gray = cv2.cvtColor(crop, cv2.COLOR_RGB2GRAY)
+        self.sat = _saturation(crop)
+        factor = 4 if min(self.h, self.w) >= 96 else 2 if min(self.h, self.w) >= 40 else 1
+        small = cv2.resize(
+            crop, (max(1, self.w // factor), max(1, self.h // factor)), interpolation=cv2.INTER_AREA
+        )
+        small = cv2.medianBlur(small, 5)
+        size = (self.w, self.h)
+        self.bg_rgb = cv2.resize(small, size, interpolation=cv2.INTER_LINEAR)
+        self.bg_gray = cv2.resize(
+            cv2.cvtColor(small, cv2.COLOR_RGB2GRAY), size, interpolation=cv2.INTER_LINEAR
+        )
+        self.bg_sat = cv2.resize(_saturation(small), size, interpolation=cv2.INTER_LINEAR)
+        self._bg_small = small
+        gray = self.gray
+        lift = gray.astype(np.int16) - self.bg_gray.astype(np.int16)
+        neutral = self.sat <= 60
+        white_lo = (gray >= 160) & (lift >= 40) & neutral
+        black_lo = (gray <= 110) & (lift <= -40) & neutral
+        cdiff = cv2.absdiff(crop, self.bg_rgb)
+        r, g, b = cv2.split(cdiff)
+        cdist = cv2.max(cv2.max(r, g), b)
+        # Colour ink: saturated, unlike its surroundings, and of a hue the panel has little of
+        # (a colour map or a stained section is not a field of markers).
+        hue = cv2.cvtColor(crop, cv2.COLOR_RGB2HSV_FULL)[..., 0]
+        saturated = (self.sat >= 70) & (cdist >= 60)
+        colour = saturated
+        if saturated.any():
+            bins = (hue // 8).astype(np.intp)  # 32 hue bins
+            counts = np.bincount(bins[self.sat >= 70], minlength=32)
+            common = counts > 0.04 * self.h * self.w
+            # Neighbouring bins share a hue family with a common one only when they are busy too.
+            rare = ~common
+            bg_hue = cv2.resize(
+                cv2.cvtColor(small, cv2.COLOR_RGB2HSV_FULL)[..., 0], size, interpolation=cv2.INTER_NEAREST
+            )
+            dh = np.abs(hue.astype(np.int16) - bg_hue.astype(np.int16))
+            far = np.minimum(dh, 256 - dh) >= 36
+            # In a colourful panel (a colour map, a stained section) a marker is only trusted on
+            # a locally grey background.
+            if float(np.count_nonzero(self.sat >= 70)) > 0.3 * self.h * self.w:
+                far = np.zeros_like(far)
+            colour = saturated & rare[bins] & ((self.bg_sat <= 60) | far)
+        self.masks: dict[str, np.ndarray] = {
+            "white_lo": white_lo.view(np.uint8),
+            # Strong cores (arrowhead seeds): near-pure white or black.
+            "white": (white_lo & (gray >= 225) & (lift >= 50)).view(np.uint8),
+            "black_lo": black_lo.view(np.uint8),
+            "black": (black_lo & (gray <= 40) & (lift <= -50)).view(np.uint8),
+            # Drawn-glyph evidence: strong cores, or a large step above/below the background
+            # (thin, blurred or downscaled strokes do not reach pure white or black).
+            "white_core": (white_lo & (((gray >= 225) & (lift >= 50)) | (lift >= 75))).view(np.uint8),
+            "black_core": (black_lo & (((gray <= 40) & (lift <= -50)) | (lift <= -60))).view(np.uint8),
+            "colour": colour.view(np.uint8),
+        }
+        self._cc: dict[str, tuple[int, np.ndarray, np.ndarray]] = {}
+        # Where the sides of a shaft are sampled: shafts are at most a few pixels wide, a little
+        # wider on large panels (figures are drawn at a size and scaled).
+        self.side_offsets = (3.0, 3.0 + max(1.0, min(self.h, self.w) / 250.0))
+        self._planes_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._rgb16_cache: np.ndarray | None = None
+
+    @property
+    def _planes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Strength of white and of black ink per pixel (float32)."""
+        if self._planes_cache is None:
+            gray_f = self.gray.astype(np.float32)
+            self._planes_cache = (gray_f, 255.0 - gray_f)
+        return self._planes_cache
+
+    @property
+    def _rgb16(self) -> np.ndarray:
+        if self._rgb16_cache is None:
+            self._rgb16_cache = self.rgb.astype(np.int16)
+        return self._rgb16_cache
+
+    def components(self, name: str) -> tuple[int, np.ndarray, np.ndarray]:
+        if name not in self._cc:
+            n, labels, stats, _ = cv2.connectedComponentsWithStats(self.masks[name], connectivity=8)
+            self._cc[name] = (n, labels, stats)
+        return self._cc[name]
+
+    def strength(
+        self, polarity: str, xs: np.ndarray, ys: np.ndarray, colour: np.ndarray | None = None
+    ) -> np.ndarray:
+        """How much each sample looks like ink of this polarity (0..255), nearest pixel."""
+        xi = (xs + 0.5).astype(np.intp)
+        yi = (ys + 0.5).astype(np.intp)
+        np.minimum(xi, self.w - 1, out=xi)
+        np.maximum(xi, 0, out=xi)
+        np.minimum(yi, self.h - 1, out=yi)
+        np.maximum(yi, 0, out=yi)
+        if polarity == "white":
+            return self._planes[0][yi, xi]
+        if polarity == "black":
+            return self._planes[1][yi, xi]
+        assert colour is not None
+        diff = np.abs(self._rgb16[yi, xi] - colour.astype(np.int16))
+        return 255.0 - diff.max(axis=-1).astype(np.float32)
+
+
+def _saturation(rgb: np.ndarray) -> np.ndarray:
+    r, g, b = cv2.split(rgb)
+    return cv2.subtract(cv2.max(cv2.max(r, g), b), cv2.min(cv2.min(r, g), b))
+
+
+def _polarity(name: str) -> str:
+    return "white" if name.startswith("white") else "black" if name.startswith("black") else "colour"
+
+
+# ----------------------------------------------------------------------------- ridges
+
+
+def _ridge_ok(
+    panel: _Panel,
+    polarity: str,
+    cx: np.ndarray,
+    cy: np.ndarray,
+    nx: np.ndarray,
+    ny: np.ndarray,
+    floor: float,
+    thr: float,
+    colour: np.ndarray | None,
+) -> np.ndarray:
+    """Samples on a thin stroke: the best of three lateral positions is ink (>= floor) and clearly
+    stronger than the samples 3 or 5 px to both sides. Arrays broadcast together."""
+    best = None
+    for lateral in (-1.0, 0.0, 1.0):
+        s = panel.strength(polarity, cx + lateral * nx, cy + lateral * ny, colour)
+        best = s if best is None else np.maximum(best, s)
+    assert best is not None
+    ok = np.zeros(best.shape, dtype=bool)
+    for off in panel.side_offsets:
+        left = panel.strength(polarity, cx + off * nx, cy + off * ny, colour)
+        right = panel.strength(polarity, cx - off * nx, cy - off * ny, colour)
+        ok |= best - np.maximum(left, right) >= thr
+    return ok & (best >= floor)
+
+
+def _run_lengths(ok: np.ndarray) -> np.ndarray:
+    """Per row of a 2-D bool array: length of the leading run that stays >= 70 % true, ends on a
+    true sample and has no four misses in a row; 0 unless two of the first three are true."""
+    rows, cols = ok.shape
+    if cols == 0:
+        return np.zeros(rows, dtype=np.int64)
+    miss = (~ok).astype(np.int16)
+    four = np.zeros_like(miss)
+    four[:, 3:] = miss[:, 3:] + miss[:, 2:-1] + miss[:, 1:-2] + miss[:, :-3]
+    broken = np.cumsum(four >= 4, axis=1) > 0
+    frac = np.cumsum(ok, axis=1) / np.arange(1, cols + 1)[None, :]
+    good = ok & (frac >= 0.7) & ~broken
+    last = np.where(good.any(axis=1), cols - np.argmax(good[:, ::-1], axis=1), 0)
+    last[ok[:, :3].sum(axis=1) < 2] = 0
+    return last
+
+
+# ----------------------------------------------------------------------------- arrows
+
+
+@dataclass
+class _Ink:
+    """Ink model of one glyph: polarity, colour (for coloured glyphs), background strength and
+    the contrast between the glyph and its background, in strength units."""
+
+    polarity: str
+    colour: np.ndarray | None
+    bg: float
+    contrast: float
+
+    @property
+    def floor(self) -> float:
+        return self.bg + 0.45 * self.contrast
+
+
+def _verify_arrow(
+    panel: _Panel,
+    ink: _Ink,
+    tip: tuple[float, float],
+    ux: float,
+    uy: float,
+    reach: float,
+    *,
+    need_shaft: bool,
+) -> tuple[float, tuple[float, float], float] | None:
+    """Straighten the neighbourhood of a hypothesised arrow (rows run from the tip back along the
+    axis, columns across it) and compare the inked pixels with an ideal arrow: a head tapering to
+    the tip, widest at its base, then (for arrows) a thin shaft; symmetric about the axis, with
+    nothing inked just ahead of the tip and little ink around the glyph. The head's width is the
+    solid run through the axis (filled heads) or, failing that, the span between its outermost
+    strokes (open "V" heads drawn with two lines).
+    Returns (score, refined tip, glyph length) or None."""
+    half = 9
+    lead = 8  # rows examined ahead of the hypothesised tip
+    smax = int(min(max(reach, 8.0), 0.6 * panel.diag)) + 3
+    s = np.arange(-lead, smax + 1, dtype=np.float64)
+    o = np.arange(-half, half + 1, dtype=np.float64)
+    xs = tip[0] - s[:, None] * ux - o[None, :] * uy
+    ys = tip[1] - s[:, None] * uy + o[None, :] * ux
+    inside = (xs >= 0) & (xs <= panel.w - 1) & (ys >= 0) & (ys <= panel.h - 1)
+    ink_map = (panel.strength(ink.polarity, xs, ys, ink.colour) >= ink.floor) & inside
+    centre = ink_map[:, half - 1 : half + 2].any(axis=1)
+    left_side = ink_map[:, :half][:, ::-1]  # column j: distance j + 1 from the axis
+    right_side = ink_map[:, half + 1 :]
+    left = np.where(centre, np.where(left_side.all(axis=1), half, np.argmin(left_side, axis=1)), 0)
+    right = np.where(centre, np.where(right_side.all(axis=1), half, np.argmin(right_side, axis=1)), 0)
+    verdict = _judge_profile(ink_map, centre, left, right, half, lead, need_shaft)
+    if verdict is None and need_shaft:
+        left = np.where(centre & left_side.any(axis=1), half - np.argmax(left_side[:, ::-1], axis=1), 0)
+        right = np.where(centre & right_side.any(axis=1), half - np.argmax(right_side[:, ::-1], axis=1), 0)
+        verdict = _judge_profile(ink_map, centre, left, right, half, lead, need_shaft, open_head=True)
+        if verdict is not None:
+            verdict = (verdict[0] - 0.05, verdict[1], verdict[2])
+    if verdict is None:
+        return None
+    score, first, length = verdict
+    new_tip = (float(np.rint(tip[0] - first * ux)), float(np.rint(tip[1] - first * uy)))
+    return score, new_tip, length
+
+
+def _judge_profile(
+    ink_map: np.ndarray,
+    centre: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    half: int,
+    lead: int,
+    need_shaft: bool,
+    *,
+    open_head: bool = False,
+) -> tuple[float, int, float] | None:
+    """The arrow-shape test on a straightened glyph with per-row extents left/right of the axis:
+    (score, tip row offset, glyph length) or None."""
+    width = np.where(centre, left + right + 1, 0)
+    # The tip row: the hypothesis may sit a pixel or two inside the glyph (opened masks lose the
+    # sharp apex) or just behind it.
+    k = lead
+    if centre[k]:
+        while k > 3 and centre[k - 1]:
+            k -= 1
+    else:
+        ahead_k = [j for j in range(k + 1, min(k + 4, centre.size)) if centre[j]]
+        if not ahead_k:
+            return None
+        k = ahead_k[0]
+    first = k - lead
+    ahead = width[max(0, k - 3) : k]
+    body, bl, br = width[k:], left[k:], right[k:]
+    if body.size < 4:
+        return None
+    # The glyph ends at three empty rows in a row (shorter breaks: anti-aliased thin shafts).
+    empty = (body == 0).astype(np.int16)
+    triple = empty[:-2] + empty[1:-1] + empty[2:] if body.size >= 3 else np.zeros(0, np.int16)
+    stops = np.nonzero(triple >= 3)[0]
+    end = int(stops[0]) if stops.size else body.size
+    body, bl, br = body[:end], bl[:end], br[:end]
+    if body.size < 3:
+        return None
+    # The head: widest row within the first part of the glyph.
+    head_zone = max(3, int(0.65 * body.size)) if need_shaft else body.size
+    base = int(np.argmax(body[:head_zone]))
+    wmax = float(body[base])
+    if wmax < 3 or base < 1:
+        return None
+    tipw = float(body[0])
+    if tipw > 0.6 * wmax + 0.5:
+        return None
+    # Straight flanks: from the tip to the widest row the width grows about linearly (a rounded
+    # blob widens at once).
+    if base >= 3:
+        ramp = 1.0 + (wmax - 1.0) * np.arange(base + 1) / base
+        if float(np.mean(np.abs(body[: base + 1] - ramp))) > 0.22 * wmax + 0.3:
+            return None
+    if min(bl[base], br[base]) < 0.3 * max(bl[base], br[base]) - 1:
+        return None
+    if open_head:
+        # Two thin strokes leave the tip: the head's rows are mostly empty between them.
+        rows = ink_map[k + 1 : k + base + 1]
+        spans = [(rows[j, half - int(bl[j + 1]) : half + int(br[j + 1]) + 1]) for j in range(rows.shape[0])]
+        wide = [sp for sp in spans if sp.size >= 5]
+        if not wide or float(np.mean([sp.mean() for sp in wide])) > 0.6:
+            return None
+    shaft = body[base + 2 :]
+    shaft_len = float(shaft.size)
+    if need_shaft:
+        if shaft_len < max(4.0, 0.6 * (base + 1)):
+            return None
+        sw = float(np.median(shaft[shaft > 0])) if np.any(shaft > 0) else 0.0
+        if sw == 0 or wmax < max(3.0, 1.45 * sw) or float((shaft > 0).mean()) < 0.7:
+            return None
+        # The shaft keeps its width and stays on the axis.
+        if float(np.percentile(shaft[shaft > 0], 90)) > max(sw + 2.0, 0.75 * wmax):
+            return None
+        # The head has barbs: behind its widest row the width drops to the shaft's within a few
+        # rows (a teardrop or comet-shaped blob narrows gradually).
+        behind = body[base + 1 : base + 4]
+        if behind.size and float(behind.min()) > max(sw + 1.0, 0.7 * wmax):
+            return None
+    elif shaft_len > 2 and float(np.mean(shaft > 0)) > 0.5 and float(np.median(shaft)) >= 0.4 * wmax:
+        return None
+    # Nothing inked straight ahead of the tip (a line running through a blob is not an arrow).
+    if ahead.size and float(np.mean(ahead[-3:] > 0)) > 0.34:
+        return None
+    # Clutter: ink in the window outside the glyph's own rows' extents (plus one pixel).
+    window = ink_map[max(0, k - 3) : k + body.size + 2]
+    off = k - max(0, k - 3)
+    cols = np.arange(2 * half + 1)[None, :]
+    bl_full = np.zeros(window.shape[0])
+    br_full = np.zeros(window.shape[0])
+    bl_full[off : off + body.size] = bl
+    br_full[off : off + body.size] = br
+    present = np.zeros(window.shape[0], dtype=bool)
+    present[off : off + body.size] = body > 0
+    own = present[:, None] & (cols >= half - bl_full[:, None] - 1) & (cols <= half + br_full[:, None] + 1)
+    clutter = float((window & ~own).sum()) / max(float(body.sum()), 1.0)
+    if clutter > (0.25 if open_head else 0.5):
+        return None
+    score = 0.45 + 0.2 * (1.0 - tipw / wmax) + 0.2 * (1.0 - clutter / 0.5)
+    if need_shaft:
+        score += 0.15 * min(1.0, shaft_len / max(2.0 * (base + 1), 1.0))
+    return float(min(1.0, score)), first, float(body.size)
+
+
+def _ink_of(panel: _Panel, polarity: str, xs: np.ndarray, ys: np.ndarray, colour: np.ndarray | None) -> _Ink:
+    cx, cy = round(float(xs.mean())), round(float(ys.mean()))
+    cx = min(max(cx, 0), panel.w - 1)
+    cy = min(max(cy, 0), panel.h - 1)
+    if polarity == "colour":
+        assert colour is not None
+        bg = 255.0 - float(np.abs(panel.bg_rgb[cy, cx].astype(np.float32) - colour).max())
+        return _Ink(polarity, colour, bg, 255.0 - bg)
+    head = float(np.percentile(panel.strength(polarity, xs, ys), 75))
+    bgv = float(panel.bg_gray[cy, cx])
+    bg = bgv if polarity == "white" else 255.0 - bgv
+    return _Ink(polarity, None, bg, head - bg)
+
+
+def _head_arrows(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
+    """Arrows found from their heads: compact strong-ink blobs with a thin ridge (the shaft)
+    leaving them; a blob with no shaft but an arrowhead shape is an arrowhead."""
+    polarity = _polarity(name)
+    mask = panel.masks[name]
+    opened = cv2.morphologyEx(mask, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+    n, labels, stats, cents = cv2.connectedComponentsWithStats(opened, connectivity=8)
+    if n <= 1:
+        return []
+    limit = max(8.0, 0.1 * panel.diag + 6.0)
+    areas = stats[:, cv2.CC_STAT_AREA]
+    ws, hs = stats[:, cv2.CC_STAT_WIDTH], stats[:, cv2.CC_STAT_HEIGHT]
+    keep = (areas >= 6) & (np.maximum(ws, hs) <= limit) & (np.maximum(ws, hs) >= 3)
+    keep &= np.maximum(ws, hs) <= 3.0 * np.minimum(ws, hs)
+    keep[0] = False
+    idx = np.nonzero(keep)[0]
+    if idx.size == 0:
+        return []
+    if idx.size > 120:  # texture rather than overlays: the largest blobs only
+        idx = idx[np.argsort(-areas[idx])[:120]]
+    # Blob colour, strength, background: vectorised over blobs (over inked pixels only).
+    nz = np.flatnonzero(labels)
+    flat = labels.ravel()[nz]
+    area = np.maximum(areas.astype(np.float64), 1.0)
+    if polarity == "colour":
+        rgb_flat = panel.rgb.reshape(-1, 3)[nz].astype(np.float64)
+        chans = [np.bincount(flat, weights=rgb_flat[:, c], minlength=n) / area for c in range(3)]
+        colours = np.stack(chans, axis=1)[idx].astype(np.float32)
+    else:
+        colours = None
+    cx = cents[idx, 0]
+    cy = cents[idx, 1]
+    radius = 0.5 * np.hypot(ws[idx], hs[idx]) + 0.5
+    ix = np.clip(np.rint(cx), 0, panel.w - 1).astype(np.intp)
+    iy = np.clip(np.rint(cy), 0, panel.h - 1).astype(np.intp)
+    bg: np.ndarray
+    head: np.ndarray
+    if polarity == "colour":
+        assert colours is not None
+        bg = 255.0 - np.abs(panel.bg_rgb[iy, ix].astype(np.float32) - colours).max(axis=1)
+        head = np.full(idx.size, 255.0, dtype=np.float32)
+        col_b = colours[:, None, None, :]
+    else:
+        weights = panel.gray.ravel()[nz].astype(np.float64)
+        mean_gray = (np.bincount(flat, weights=weights, minlength=n) / area)[idx]
+        bgv = panel.bg_gray[iy, ix].astype(np.float64)
+        head = mean_gray if polarity == "white" else 255.0 - mean_gray
+        bg = bgv if polarity == "white" else 255.0 - bgv
+        col_b = None
+    contrast = head - bg
+    floor = bg + 0.45 * contrast
+    thr = np.maximum(25.0, 0.35 * contrast)
+    good = contrast >= 45
+    if polarity == "colour":
+        # Drawn colours are pure; stained or fluorescent structures are duller.
+        nz_sat = panel.sat.ravel()[nz].astype(np.float64)
+        mean_sat = (np.bincount(flat, weights=nz_sat, minlength=n) / area)[idx]
+        good &= mean_sat >= 120
+    # Isolation: a ring just outside the blob is mostly background (a shaft crosses it).
+    rr = radius[:, None] + 3.0
+    ring = panel.strength(
+        polarity,
+        cx[:, None] + rr * np.cos(_RING)[None, :],
+        cy[:, None] + rr * np.sin(_RING)[None, :],
+        None if col_b is None else col_b[:, 0, :, :],
+    )
+    ring_frac = (ring >= floor[:, None]).mean(axis=1)
+    good &= ring_frac <= 0.34
+    sel = np.nonzero(good)[0]
+    if sel.size == 0:
+        return []
+    # Coarse shaft search, all blobs at once: 36 directions x 10 samples.
+    cos_c, sin_c = np.cos(_COARSE), np.sin(_COARSE)
+    t = np.arange(10, dtype=np.float64)
+    r0 = radius[sel][:, None, None] + 1.0 + t[None, None, :]
+    px = cx[sel][:, None, None] + r0 * cos_c[None, :, None]
+    py = cy[sel][:, None, None] + r0 * sin_c[None, :, None]
+    ok = _ridge_ok(
+        panel,
+        polarity,
+        px,
+        py,
+        -sin_c[None, :, None],
+        cos_c[None, :, None],
+        floor[sel][:, None, None],
+        thr[sel][:, None, None],
+        None if col_b is None else col_b[sel],
+    )
+    support = ok.sum(axis=2)
+    out: list[_Cand] = []
+    tmax = int(min(160, max(24, 0.45 * panel.diag)))
+    # Blobs with a shaft-like ridge leaving them, most convincing first (bounded work on texture).
+    best_support = support.max(axis=1)
+    rows = [r for r in np.argsort(-best_support, kind="stable") if best_support[r] >= 6][:16]
+    for row in rows:
+        k = sel[row]
+        i = idx[k]
+        x, y, w, h = (int(v) for v in stats[i, :4])
+        sub = labels[y : y + h, x : x + w] == i
+        bys, bxs = np.nonzero(sub)
+        bx = bxs.astype(np.float64) + x
+        by = bys.astype(np.float64) + y
+        colour = None if colours is None else colours[k]
+        ink = _Ink(polarity, colour, float(bg[k]), float(contrast[k]))
+        best: tuple[float, tuple[float, float], float, float, float] | None = None
+        for a in np.argsort(-support[row])[:2]:
+            if support[row, a] < 6:
+                break
+            fine = _COARSE[a] + np.deg2rad(np.arange(-5.0, 5.5, 2.5))
+            cf, sf = np.cos(fine), np.sin(fine)
+            lengths = np.zeros(fine.size, dtype=np.int64)
+            # Short shafts are the rule: look 32 samples out first, further only if needed.
+            for span in (min(32, tmax), tmax):
+                tf = float(radius[k]) + 1.0 + np.arange(span, dtype=np.float64)
+                fx = cx[k] + tf[None, :] * cf[:, None]
+                fy = cy[k] + tf[None, :] * sf[:, None]
+                inside = (fx >= 0) & (fx <= panel.w - 1) & (fy >= 0) & (fy <= panel.h - 1)
+                okf = (
+                    _ridge_ok(
+                        panel,
+                        polarity,
+                        fx,
+                        fy,
+                        -sf[:, None],
+                        cf[:, None],
+                        float(floor[k]),
+                        float(thr[k]),
+                        colour,
+                    )
+                    & inside
+                )
+                lengths = _run_lengths(okf)
+                if lengths.max() < span - 4 or span == tmax:
+                    break
+            j = int(np.argmax(lengths))
+            if lengths[j] < 5:
+                continue
+            ux, uy = -float(cf[j]), -float(sf[j])  # travel: shaft -> head
+            proj = (bx - cx[k]) * ux + (by - cy[k]) * uy
+            top = proj >= proj.max() - 1.0
+            tip = (float(np.rint(bx[top].mean())), float(np.rint(by[top].mean())))
+            reach = float(proj.max() - proj.min()) + float(radius[k]) + float(lengths[j]) + 2.0
+            verdict = _verify_arrow(panel, ink, tip, ux, uy, reach, need_shaft=True)
+            if verdict is not None and (best is None or verdict[0] > best[0]):
+                best = (verdict[0], verdict[1], verdict[2], ux, uy)
+        if best is not None:
+            score, tip, length, ux, uy = best
+            glyph = _glyph_box(tip, ux, uy, length, bx, by)
+            out.append(
+                _Cand(
+                    "arrow",
+                    glyph,
+                    tip,
+                    score,
+                    direction=math.degrees(math.atan2(uy, ux)),
+                    size=length,
+                    color=_rgb_tuple(colour),
+                )
+            )
+            continue
+    return out
+
+
+def _arrowhead(
+    panel: _Panel, polarity: str, xs: np.ndarray, ys: np.ndarray, col: tuple[int, int, int] | None
+) -> tuple[float, tuple[float, float], float, float] | None:
+    """A lone filled arrowhead (triangle, or "stealth" head with a notched base):
+    (score, tip, direction_deg, length) or None."""
+    fx, fy = xs.astype(np.float64), ys.astype(np.float64)
+    tri = _triangle(fx, fy)
+    if tri is None:
+        return None
+    fill_score, (ux, uy) = tri
+    cx, cy = float(fx.mean()), float(fy.mean())
+    proj = (fx - cx) * ux + (fy - cy) * uy
+    if proj.max() < 1.2 * -proj.min():
+        return None
+    top = proj >= proj.max() - 1.0
+    tip = (float(np.rint(fx[top].mean())), float(np.rint(fy[top].mean())))
+    colour = None if col is None else np.array(col, dtype=np.float32)
+    ink = _ink_of(panel, polarity, fx, fy, colour)
+    if ink.contrast < 45:
+        return None
+    # Isolation: a ring just outside the glyph is background.
+    radius = float(np.hypot(fx - cx, fy - cy).max()) + 2.5
+    ring = panel.strength(polarity, cx + radius * np.cos(_RING), cy + radius * np.sin(_RING), colour)
+    if float((ring >= ink.floor).mean()) > 0.2:
+        return None
+    length = float(proj.max() - proj.min() + 1.0)
+    verdict = _verify_arrow(panel, ink, tip, ux, uy, length + 3.0, need_shaft=False)
+    if verdict is None:
+        return None
+    score = 0.5 * verdict[0] + 0.35 * fill_score
+    return score, verdict[1], math.degrees(math.atan2(uy, ux)), length
+
+
+def _glyph_box(
+    tip: tuple[float, float], ux: float, uy: float, length: float, bx: np.ndarray, by: np.ndarray
+) -> tuple[int, int, int, int]:
+    tail = (tip[0] - ux * (length - 1.0), tip[1] - uy * (length - 1.0))
+    x1 = math.floor(min(float(bx.min()), tail[0], tip[0]))
+    y1 = math.floor(min(float(by.min()), tail[1], tip[1]))
+    x2 = math.floor(max(float(bx.max()), tail[0], tip[0])) + 1
+    y2 = math.floor(max(float(by.max()), tail[1], tip[1])) + 1
+    return (x1, y1, x2, y2)
+
+
+def _rgb_tuple(colour: np.ndarray | None) -> tuple[int, int, int] | None:
+    if colour is None:
+        return None
+    return (int(colour[0]), int(colour[1]), int(colour[2]))
+
+
+def _triangle(xs: np.ndarray, ys: np.ndarray) -> tuple[float, tuple[float, float]] | None:
+    """Filled isosceles triangle with a sharp apex: (fill score 0..1, unit vector base -> apex)."""
+    area = xs.size
+    if area < 12:
+        return None
+    pts = np.stack([xs, ys], axis=1).astype(np.float32).reshape(-1, 1, 2)
+    hull = cv2.convexHull(pts)
+    hull_area = cv2.contourArea(hull)
+    if hull_area <= 0:
+        return None
+    tri_area, tri = cv2.minEnclosingTriangle(hull)
+    if tri is None or tri_area <= 0:
+        return None
+    # Pixel counts exceed the polygon area through pixel centres by about half the perimeter.
+    fill = (area - 0.5 * cv2.arcLength(hull, True)) / tri_area
+    if fill < 0.6:
+        return None
+    corners = tri.reshape(3, 2).astype(np.float64)
+    angles = []
+    for i in range(3):
+        a, b, c = corners[i], corners[(i + 1) % 3], corners[(i + 2) % 3]
+        v1, v2 = b - a, c - a
+        cosang = float(np.dot(v1, v2) / (np.linalg.norm(v1) * np.linalg.norm(v2) + 1e-9))
+        angles.append(math.degrees(math.acos(max(-1.0, min(1.0, cosang)))))
+    apex_i = int(np.argmin(angles))
+    ordered = sorted(angles)
+    if ordered[0] > 75 or abs(ordered[1] - ordered[2]) > 25:
+        return None
+    apex = corners[apex_i]
+    base = (corners[(apex_i + 1) % 3] + corners[(apex_i + 2) % 3]) / 2.0
+    d = apex - base
+    norm = float(np.linalg.norm(d))
+    if norm < 3:
+        return None
+    return float(min(1.0, (fill - 0.6) / 0.3)), (float(d[0] / norm), float(d[1] / norm))
+
+
+# ----------------------------------------------------------------------------- whole components
+
+
+def _holes(sub: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """Hole mask (background not reachable from outside), hole count, per-hole stats."""
+    padded = np.pad(sub, 1).view(np.uint8).copy()
+    cv2.floodFill(padded, None, (0, 0), 2)
+    holes = (padded == 0)[1:-1, 1:-1]
+    if not holes.any():
+        return holes, 0, np.zeros((1, 5), dtype=np.int32)
+    n, _, st, _ = cv2.connectedComponentsWithStats(holes.view(np.uint8), connectivity=4)
+    return holes, n - 1, st
+
+
+def _shape_of(region: np.ndarray, area: int) -> tuple[str, float] | None:
+    """Rectangle or circle/oval test of a filled region (its own bounding box): (kind, score)."""
+    h, w = region.shape
+    rect_fill = area / float(w * h)
+    contours, _ = cv2.findContours(region.view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    if not contours:
+        return None
+    contour = max(contours, key=cv2.contourArea)
+    if rect_fill >= 0.86:
+        return "box", float(min(1.0, 0.6 + 0.4 * (rect_fill - 0.86) / 0.14))
+    if len(contour) >= 5 and 0.66 <= rect_fill < 0.86:
+        hull = cv2.convexHull(contour)
+        # Contours run through pixel centres: add a pixel to areas and axes measured on them.
+        hull_area = cv2.contourArea(hull) + 0.5 * cv2.arcLength(hull, True) + 1.0
+        if area / hull_area < 0.9:
+            return None
+        _, (ma, mb), _ = cv2.fitEllipse(contour)
+        ratio = area / max(math.pi / 4.0 * (ma + 1.0) * (mb + 1.0), 1.0)
+        if 0.88 <= ratio <= 1.12:
+            return "circle", float(min(1.0, 0.55 + 0.45 * (1.0 - abs(1.0 - ratio) / 0.12)))
+    return None
+
+
+def _outlines(
+    sub: np.ndarray, *, dashed: bool, grown: int = 0
+) -> list[tuple[str, float, tuple[int, int, int, int]]]:
+    """Closed outlines in a component mask: (kind, score, enclosed region in sub pixels).
+
+    A ring with one dominant hole is judged by its filled outline; a component holding several
+    rings that touch (circles drawn side by side) is judged hole by hole."""
+    h, w = sub.shape
+    if min(h, w) < 6:
+        return []
+    holes, count, st = _holes(sub)
+    if count == 0:
+        return []
+    ink = int(np.count_nonzero(sub))
+    hole_area = int(st[1:, cv2.CC_STAT_AREA].sum())
+    largest = int(st[1:, cv2.CC_STAT_AREA].max())
+    fill_area = ink + hole_area
+    if dashed:  # pinholes between joined dashes do not count
+        hole_area = int(st[1:, cv2.CC_STAT_AREA][st[1:, cv2.CC_STAT_AREA] >= 0.05 * largest].sum())
+    if largest >= 0.75 * hole_area:
+        if largest < max(
+            8, (0.3 if min(h, w) >= 10 else 0.4) * fill_area - (grown * (w + h) if grown else 0)
+        ):
+            return []
+        # Stroke width: the band between the outer outline and the main hole, over the outline's
+        # length (pinholes in a ragged ring do not make it thin).
+        rims, _ = cv2.findContours((sub | holes).view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+        rim = max((cv2.arcLength(c, True) for c in rims), default=0.0)
+        stroke = (fill_area - largest) / max(rim, 1.0) - grown
+        if stroke > max(2.5, 0.09 * min(w, h)):
+            return []
+        shape = _shape_of(sub | holes, fill_area)
+        if shape is None:
+            return []
+        kind, score = shape
+        if kind == "box":
+            sides = [
+                float(sub[:2].any(axis=0).mean()),
+                float(sub[-2:].any(axis=0).mean()),
+                float(sub[:, :2].any(axis=1).mean()),
+                float(sub[:, -2:].any(axis=1).mean()),
+            ]
+            if min(sides) < (0.55 if dashed else 0.8):
+                return []
+            score = min(1.0, score + 0.2 * min(sides))
+        return [(kind, score, (0, 0, w, h))]
+    if count > 8 or dashed:
+        return []
+    out = []
+    for j in range(1, count + 1):
+        hx, hy, hw, hh, ha = (int(v) for v in st[j, :5])
+        if ha < max(12, 0.1 * hole_area) or min(hw, hh) < 4:
+            continue
+        shape = _shape_of(holes[hy : hy + hh, hx : hx + hw] & (_label_of(holes, hx, hy, hw, hh, ha)), ha)
+        if shape is None:
+            continue
+        # The ring around this hole: ink on (nearly) all of a band two pixels wide around it.
+        x1, y1 = max(0, hx - 2), max(0, hy - 2)
+        x2, y2 = min(w, hx + hw + 2), min(h, hy + hh + 2)
+        band = np.ones((y2 - y1, x2 - x1), dtype=bool)
+        band[hy - y1 : hy - y1 + hh, hx - x1 : hx - x1 + hw] = False
+        if float(sub[y1:y2, x1:x2][band].mean()) < 0.35:
+            continue
+        kind, score = shape
+        out.append((kind, score * 0.9, (x1, y1, x2, y2)))
+    return out
+
+
+def _label_of(holes: np.ndarray, hx: int, hy: int, hw: int, hh: int, area: int) -> np.ndarray:
+    """The one hole filling this bounding box (others may poke into it)."""
+    window = holes[hy : hy + hh, hx : hx + hw].view(np.uint8)
+    n, lab, st, _ = cv2.connectedComponentsWithStats(window, connectivity=4)
+    if n <= 2:
+        return window.astype(bool)
+    j = int(np.argmax(st[1:, cv2.CC_STAT_AREA])) + 1
+    return lab == j
+
+
+def _arrow_shape(
+    xs: np.ndarray, ys: np.ndarray
+) -> tuple[float, tuple[float, float], float, float, float] | None:
+    """Whole-component arrow test: (score, tip, direction_deg, length, shaft width) or None."""
+    if xs.size < 12:
+        return None
+    fx = xs.astype(np.float64)
+    fy = ys.astype(np.float64)
+    dx = fx - fx.mean()
+    dy = fy - fy.mean()
+    cxx = float(np.dot(dx, dx))
+    cyy = float(np.dot(dy, dy))
+    cxy = float(np.dot(dx, dy))
+    theta = 0.5 * math.atan2(2 * cxy, cxx - cyy)
+    ex, ey = math.cos(theta), math.sin(theta)
+    u = dx * ex + dy * ey
+    v = -dx * ey + dy * ex
+    umin = float(u.min())
+    length = float(u.max()) - umin + 1.0
+    if length < 9:
+        return None
+    nbins = math.ceil(length)
+    idx = np.minimum((u - umin).astype(np.intp), nbins - 1)
+    count = np.bincount(idx, minlength=nbins).astype(np.float64)
+    present = count > 0
+    if (~present).sum() > 0.15 * nbins:
+        return None
+    width = count
+    centre = np.where(present, np.bincount(idx, weights=v, minlength=nbins) / np.maximum(count, 1.0), np.nan)
+    best: tuple[float, int, float] | None = None
+    split = int(nbins * 0.45)
+    for end in (0, 1):
+        wprof = width if end == 1 else width[::-1]
+        cprof = centre if end == 1 else centre[::-1]
+        head_zone = wprof[split:]
+        if head_zone.size < 3:
+            continue
+        peak = int(np.argmax(head_zone)) + split
+        wmax = float(wprof[peak])
+        shaft = wprof[1 : max(2, split)]
+        shaft = shaft[shaft > 0]
+        if shaft.size < 3:
+            continue
+        sw = float(np.median(shaft))
+        if sw > max(3.5, 0.25 * length) or wmax < max(3.0, 1.45 * sw):
+            continue
+        tip_len = nbins - 1 - peak
+        if tip_len < 2 or tip_len > 0.55 * length:
+            continue
+        if float(wprof[-2:].mean()) > 0.65 * wmax:
+            continue
+        taper = wprof[peak:]
+        if taper.size >= 3 and np.any(np.diff(taper) > max(1.5, 0.3 * wmax)):
+            continue
+        shaft_c = cprof[1 : max(2, split)]
+        shaft_c = shaft_c[~np.isnan(shaft_c)]
+        wobble = float(np.std(shaft_c)) if shaft_c.size > 2 else 0.0
+        if wobble > 1.2 + 0.04 * length:
+            continue
+        head_c = float(np.nanmean(cprof[peak - 1 : peak + 2]))
+        if shaft_c.size and abs(head_c - float(np.median(shaft_c))) > max(2.0, 0.35 * wmax):
+            continue
+        ratio = wmax / max(sw, 1.0)
+        score = 0.45 + 0.15 * min(1.0, (ratio - 1.75) / 1.5) + 0.2 * min(1.0, length / 25.0)
+        score += 0.2 * (1.0 - min(1.0, wobble / (1.2 + 0.04 * length)))
+        if best is None or score > best[0]:
+            best = (score, end, sw)
+    if best is None:
+        return None
+    score, end, sw = best
+    sign = 1.0 if end == 1 else -1.0
+    ext = u.max() if end == 1 else u.min()
+    near = np.abs(u - ext) <= 1.0
+    tip = (float(np.rint(fx[near].mean())), float(np.rint(fy[near].mean())))
+    return score, tip, math.degrees(math.atan2(sign * ey, sign * ex)), length, sw
+
+
+def _radial_profile(sub: np.ndarray, bins: int = 72) -> tuple[np.ndarray, float, float] | None:
+    """Outer radius of a shape against angle around its centroid, from its outline (dense even for
+    small glyphs), lightly smoothed: (profile, cx, cy) in sub pixels."""
+    contours, _ = cv2.findContours(sub.view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    if not contours:
+        return None
+    contour = max(contours, key=len).reshape(-1, 2).astype(np.float64)
+    if contour.shape[0] < 8:
+        return None
+    mom = cv2.moments(sub.view(np.uint8), binaryImage=True)
+    if mom["m00"] <= 0:
+        return None
+    cx, cy = mom["m10"] / mom["m00"], mom["m01"] / mom["m00"]
+    ang = np.arctan2(contour[:, 1] - cy, contour[:, 0] - cx)
+    rad = np.hypot(contour[:, 0] - cx, contour[:, 1] - cy) + 0.5
+    idx = ((ang + math.pi) / (2 * math.pi) * bins).astype(np.intp) % bins
+    prof = np.zeros(bins)
+    np.maximum.at(prof, idx, rad)
+    # Fill empty bins from their neighbours (small outlines leave gaps), then smooth.
+    empty = prof == 0
+    if empty.all():
+        return None
+    if empty.any():
+        known = np.nonzero(~empty)[0]
+        prof = np.interp(np.arange(bins), known, prof[known], period=bins)
+    prof = (np.roll(prof, 1) + 2 * prof + np.roll(prof, -1)) / 4.0
+    return prof, cx, cy
+
+
+def _peaks(prof: np.ndarray, high: float, drop: float) -> list[int]:
+    """Circular peaks of a profile: local maxima >= high * max, each separated from the next by a
+    dip of at least drop * max."""
+    top = float(prof.max())
+    n = prof.size
+    cand = [
+        i
+        for i in range(n)
+        if prof[i] >= high * top and prof[i] >= prof[i - 1] and prof[i] >= prof[(i + 1) % n]
+    ]
+    if len(cand) < 2:
+        return cand
+    peaks: list[int] = []
+    for i in cand:
+        if peaks:
+            j = peaks[-1]
+            seg = prof[j : i + 1]
+            if float(seg.min()) > min(prof[i], prof[j]) - drop * top:
+                if prof[i] > prof[j]:
+                    peaks[-1] = i
+                continue
+        peaks.append(i)
+    if len(peaks) >= 2:
+        j, i = peaks[-1], peaks[0]
+        seg = np.concatenate([prof[j:], prof[: i + 1]])
+        if float(seg.min()) > min(prof[i], prof[j]) - drop * top:
+            peaks = peaks[1:] if prof[j] >= prof[i] else peaks[:-1]
+    return peaks
+
+
+def _star(sub: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> tuple[str, float] | None:
+    """Asterisk (thin spokes, 5 to 8) or star (filled five-point star): (kind, score) or None."""
+    h, w = sub.shape
+    if min(h, w) < 7 or max(h, w) > 1.6 * min(h, w):
+        return None
+    found = _radial_profile(sub)
+    if found is None:
+        return None
+    prof, _, _ = found
+    r = float(prof.max())
+    if r < 3.5:
+        return None
+    peaks = _peaks(prof, 0.7, 0.25)
+    n = len(peaks)
+    if not 5 <= n <= 8:
+        return None
+    gaps = np.diff([*peaks, peaks[0] + prof.size])
+    even = prof.size / n
+    if gaps.max() > 1.5 * even or gaps.min() < 0.5 * even:
+        return None
+    # Spoke tips about equally long, valleys clearly inside.
+    tips = prof[peaks]
+    if float(tips.min()) < 0.75 * float(tips.max()):
+        return None
+    valley = float(np.median([prof[(peaks[k] + int(gaps[k] // 2)) % prof.size] for k in range(n)])) / r
+    fill = xs.size / (math.pi * r * r)
+    if n == 5 and 0.25 <= valley <= 0.65 and 0.25 <= fill <= 0.65:
+        return "star", float(min(1.0, 0.6 + 0.4 * (1.0 - abs(valley - 0.45) / 0.2)))
+    if n >= 6 and valley <= 0.7 and fill <= 0.7:
+        return "asterisk", float(min(1.0, 0.55 + 0.45 * (1.0 - valley / 0.7)))
+    if n == 5 and valley <= 0.3 and fill <= 0.4:
+        return "asterisk", 0.6
+    return None
+
+
+def _text_flags(stats: np.ndarray, h_img: int, w_img: int) -> np.ndarray:
+    """Text-like: a pixel mask covering components that sit in a row with at least two
+    similar-height neighbours at letter spacing (or one, for glyphs smaller than 12 px)."""
+    flags = np.zeros((h_img, w_img), dtype=bool)
+    small = np.nonzero(
+        (stats[:, cv2.CC_STAT_HEIGHT] >= 5)
+        & (stats[:, cv2.CC_STAT_HEIGHT] <= 40)
+        & (stats[:, cv2.CC_STAT_AREA] >= 4)
+    )[0]
+    small = small[small > 0]
+    if small.size < 2:
+        return flags
+    if small.size > 300:
+        small = small[np.argsort(-stats[small, cv2.CC_STAT_AREA])[:300]]
+    x = stats[small, 0].astype(np.float64)
+    y = stats[small, 1].astype(np.float64)
+    w = stats[small, 2].astype(np.float64)
+    h = stats[small, 3].astype(np.float64)
+    hr = h[:, None] / h[None, :]
+    similar = (hr >= 0.45) & (hr <= 2.2)
+    top = np.maximum(y[:, None], y[None, :])
+    bottom = np.minimum(y[:, None] + h[:, None], y[None, :] + h[None, :])
+    overlap = (bottom - top) / np.minimum(h[:, None], h[None, :])
+    gap = np.maximum(x[None, :] - (x[:, None] + w[:, None]), x[:, None] - (x[None, :] + w[None, :]))
+    hmax = np.maximum(h[:, None], h[None, :])
+    pair = similar & (overlap >= 0.5) & (gap <= 0.5 * hmax) & (gap >= -0.3 * hmax)
+    np.fill_diagonal(pair, False)
+    count = pair.sum(axis=1)
+    size = np.maximum(w, h)
+    is_text = (count >= 2) | ((count >= 1) & (size < 12))
+    for k in np.nonzero(is_text)[0]:
+        xx, yy, ww, hh = int(x[k]), int(y[k]), int(w[k]), int(h[k])
+        pad = max(1, hh // 4)
+        flags[yy : yy + hh, max(0, xx - pad) : xx + ww + pad] = True
+    return flags
+
+
+def _in_text(cand: _Cand, text_zone: np.ndarray) -> bool:
+    """Small glyphs lying mostly inside a line of text are letters, not markers."""
+    if cand.kind in ("inset", "arrow"):
+        return False
+    x1, y1, x2, y2 = cand.glyph
+    if max(x2 - x1, y2 - y1) > 40:
+        return False
+    window = text_zone[max(0, y1) : max(0, y2), max(0, x1) : max(0, x2)]
+    return window.size > 0 and float(window.mean()) > 0.4
+
+
+def _mean_colour(rgb: np.ndarray, mask: np.ndarray) -> tuple[int, int, int]:
+    mean = cv2.mean(rgb, mask=mask.view(np.uint8))
+    return (int(mean[0]), int(mean[1]), int(mean[2]))
+
+
+def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
+    n, labels, stats = panel.components(name)
+    if n <= 1:
+        return []
+    areas = stats[:, cv2.CC_STAT_AREA]
+    ws = stats[:, cv2.CC_STAT_WIDTH]
+    hs = stats[:, cv2.CC_STAT_HEIGHT]
+    big = np.maximum(ws, hs)
+    small = np.minimum(ws, hs)
+    density = areas / np.maximum(ws * hs, 1)
+    limit = 0.7 * max(panel.w, panel.h)
+    keep = (areas >= 10) & (big >= 6) & (big <= limit) & (density <= 0.7)
+    colour = name == "colour"
+    core = panel.masks[_STRONG[name] + ("" if colour else "_core")]
+    # Drawn glyphs reach full strength over much of their area; faint texture does not.
+    nz = np.flatnonzero(core)
+    strong_px = np.bincount(labels.ravel()[nz], minlength=n)
+    strong_frac = strong_px / np.maximum(areas, 1)
+    if not colour:
+        keep &= strong_px >= np.maximum(2, 0.1 * areas)
+    keep[0] = False
+    idx = np.nonzero(keep)[0]
+    if idx.size > 120:  # bounded work on texture: the most glyph-like components first
+        idx = idx[np.argsort(-(strong_frac[idx] + 0.002 * np.minimum(areas[idx], 200)))[:120]]
+    polarity = _polarity(name)
+    out: list[_Cand] = []
+    for i in idx:
+        x, y, w, h = (int(v) for v in stats[i, :4])
+        sub = labels[y : y + h, x : x + w] == i
+        glyph = (x, y, x + w, y + h)
+        in_text = bool(text[y + h // 2, x + w // 2])
+        col = _mean_colour(panel.rgb[y : y + h, x : x + w], sub) if colour else None
+        # Second moments: elongation decides whether the arrow test is worth running.
+        mom = cv2.moments(sub.view(np.uint8), binaryImage=True)
+        mu20, mu02, mu11 = mom["mu20"], mom["mu02"], mom["mu11"]
+        spread = math.sqrt(max(0.0, (mu20 - mu02) ** 2 + 4.0 * mu11 * mu11))
+        lam1, lam2 = mu20 + mu02 + spread, mu20 + mu02 - spread
+        elongated = lam1 > 0 and lam2 <= 0.3 * lam1
+        if small[i] >= 6 and density[i] <= 0.6 and not elongated:
+            found = _outlines(sub, dashed=False)
+            if found:
+                if in_text or (not colour and big[i] < 10):
+                    continue
+                for kind, score, (rx1, ry1, rx2, ry2) in found:
+                    box = (x + rx1, y + ry1, x + rx2, y + ry2)
+                    out.append(
+                        _Cand(
+                            kind,
+                            box,
+                            ((box[0] + box[2] - 1) / 2.0, (box[1] + box[3] - 1) / 2.0),
+                            score,
+                            region=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
+                            color=col,
+                        )
+                    )
+                continue
+        ys, xs = np.nonzero(sub)
+        xs = xs + x
+        ys = ys + y
+        # Symbols (stars, asterisks, lone arrowheads) are solid strong ink, not faint texture.
+        strong = colour or float(core[ys, xs].mean()) >= 0.5
+        if big[i] >= 9 and density[i] <= 0.6 and elongated and strong_frac[i] >= 0.5:
+            arrow = _arrow_shape(xs, ys)
+            if arrow is not None:
+                score, tip, direction, length, _ = arrow
+                if in_text and length < 25:
+                    continue
+                ink = _ink_of(
+                    panel,
+                    polarity,
+                    xs.astype(np.float64),
+                    ys.astype(np.float64),
+                    None if col is None else np.array(col, dtype=np.float32),
+                )
+                if ink.contrast < 40:
+                    continue
+                rad = math.radians(direction)
+                verdict = _verify_arrow(
+                    panel, ink, tip, math.cos(rad), math.sin(rad), length + 2.0, need_shaft=True
+                )
+                if verdict is None:
+                    continue
+                out.append(
+                    _Cand(
+                        "arrow",
+                        glyph,
+                        verdict[1],
+                        0.5 * (score + verdict[0]),
+                        direction=direction,
+                        size=verdict[2],
+                        color=col,
+                    )
+                )
+                continue
+        if in_text:
+            continue
+        if strong and small[i] >= 7 and 0.12 <= density[i] <= 0.65:
+            star = _star(sub, xs, ys)
+            if star is not None:
+                kind, score = star
+                out.append(
+                    _Cand(
+                        kind,
+                        glyph,
+                        (x + (w - 1) / 2.0, y + (h - 1) / 2.0),
+                        score,
+                        size=float(max(w, h)),
+                        color=col,
+                    )
+                )
+                continue
+        if strong and big[i] >= 5 and big[i] <= 0.1 * panel.diag + 8 and density[i] >= 0.3:
+            head = _arrowhead(panel, polarity, xs, ys, col)
+            if head is not None:
+                score, tip, direction, size = head
+                out.append(_Cand("arrowhead", glyph, tip, score, direction=direction, size=size, color=col))
+    return out
+
+
+# ----------------------------------------------------------------------------- dashed outlines
+
+
+def _dashed_outlines(panel: _Panel, name: str) -> list[_Cand]:
+    """Outlines drawn with dashes: bridge the gaps between short strokes, test the closed shape."""
+    n, labels, stats = panel.components(name)
+    if n <= 6:
+        return []
+    areas = stats[:, cv2.CC_STAT_AREA]
+    big = np.maximum(stats[:, cv2.CC_STAT_WIDTH], stats[:, cv2.CC_STAT_HEIGHT])
+    # Dash and gap lengths grow with the panel (figures are drawn at a size, then scaled).
+    scale = max(1.0, min(panel.w, panel.h) / 250.0)
+    longest = max(24.0, 0.12 * min(panel.w, panel.h), 10.0 * scale)
+    dash = (areas >= 2) & (big <= longest) & (areas <= 8.0 * big)
+    dash[0] = False
+    if dash.sum() < 6:
+        return []
+    if dash.sum() > 1500:  # speckle texture, not a few dashed outlines
+        return []
+    dashes = dash.view(np.uint8)[labels]
+    out: list[_Cand] = []
+    wide = int(max(7, round(3.0 * scale + 4))) | 1
+    for k in (wide,):
+        # Dilation (not closing: a closing does not bridge the gap between two thin collinear
+        # dashes) joins the dashes into a thick ring; shapes are judged on that ring.
+        kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k))
+        grown = cv2.dilate(dashes, kernel)
+        m, lab2, st2, _ = cv2.connectedComponentsWithStats(grown, connectivity=8)
+        r = k // 2
+        for j in range(1, m):
+            x, y, w, h = (int(v) for v in st2[j, :4])
+            if min(w, h) < 12 + 2 * r or max(w, h) > 0.9 * max(panel.w, panel.h):
+                continue
+            if st2[j, cv2.CC_STAT_AREA] > 0.75 * w * h:
+                continue
+            sub = lab2[y : y + h, x : x + w] == j
+            found = _outlines(sub, dashed=True, grown=2 * r)
+            if not found:
+                continue
+            kind, score, _ = found[0]
+            raw = (dashes[y : y + h, x : x + w] & sub.view(np.uint8)).astype(np.uint8)
+            nd, _, _, dcent = cv2.connectedComponentsWithStats(raw, connectivity=8)
+            if nd - 1 < 6:
+                continue
+            cx, cy = (w - 1) / 2.0, (h - 1) / 2.0
+            ang = np.arctan2((dcent[1:, 1] - cy) / max(h, 1), (dcent[1:, 0] - cx) / max(w, 1))
+            sectors = np.unique(((ang + math.pi) / (2 * math.pi) * 8).astype(int) % 8).size
+            if sectors < 6:
+                continue
+            if not _thin_band(raw, kind):
+                continue
+            score = min(1.0, score * (0.75 + 0.25 * sectors / 8.0))
+            x, y, w, h = x + r, y + r, w - 2 * r, h - 2 * r  # undo the dilation
+            out.append(
+                _Cand(
+                    kind,
+                    (x, y, x + w, y + h),
+                    (x + (w - 1) / 2.0, y + (h - 1) / 2.0),
+                    score,
+                    region=(float(x), float(y), float(x + w), float(y + h)),
+                )
+            )
+    return out
+
+
+def _thin_band(raw: np.ndarray, kind: str) -> bool:
+    """The dashes of an outline lie on one thin closed curve: an ellipse fitted to them (or the
+    rectangle of their bounding box) passes within a few pixels of nearly all dash pixels."""
+    ys, xs = np.nonzero(raw)
+    if xs.size < 12:
+        return False
+    h, w = raw.shape
+    if kind == "box":
+        d = np.minimum(np.minimum(xs, w - 1 - xs), np.minimum(ys, h - 1 - ys))
+        return float(np.percentile(d, 90)) <= max(3.0, 0.08 * min(w, h))
+    pts = np.stack([xs, ys], axis=1).astype(np.float32)
+    (cx, cy), (ma, mb), ang = cv2.fitEllipse(pts)
+    a, b = ma / 2.0, mb / 2.0
+    if a < 3 or b < 3:
+        return False
+    t = math.radians(ang)
+    dx, dy = xs - cx, ys - cy
+    u = dx * math.cos(t) + dy * math.sin(t)
+    v = -dx * math.sin(t) + dy * math.cos(t)
+    rho = np.sqrt((u / a) ** 2 + (v / b) ** 2)
+    off = np.abs(rho - 1.0) * (a + b) / 2.0
+    return float(np.percentile(off, 90)) <= max(2.5, 0.08 * (a + b))
+
+
+# ----------------------------------------------------------------------------- line rectangles
+
+
+def _line_rectangles(panel: _Panel, name: str) -> list[_Cand]:
+    """Axis-aligned rectangles from long (dashed or solid) horizontal and vertical ink lines: two
+    parallel lines, joined at both ends by lines of the other orientation."""
+    mask = panel.masks[name]
+    h, w = mask.shape
+    min_len = max(12, int(0.08 * min(w, h)))
+    hclosed = cv2.morphologyEx(mask, cv2.MORPH_CLOSE, cv2.getStructuringElement(cv2.MORPH_RECT, (7, 1)))
+    vclosed = cv2.morphologyEx(mask, cv2.MORPH_CLOSE, cv2.getStructuringElement(cv2.MORPH_RECT, (1, 7)))
+    hlines = cv2.morphologyEx(
+        hclosed, cv2.MORPH_OPEN, cv2.getStructuringElement(cv2.MORPH_RECT, (min_len, 1))
+    )
+    vlines = cv2.morphologyEx(
+        vclosed, cv2.MORPH_OPEN, cv2.getStructuringElement(cv2.MORPH_RECT, (1, min_len))
+    )
+    # Lines of the other orientation, widened by a pixel, for the cross checks.
+    vwide = cv2.dilate(vclosed, np.ones((1, 3), np.uint8))
+    hwide = cv2.dilate(hclosed, np.ones((3, 1), np.uint8))
+    out: list[_Cand] = []
+    for orient in ("h", "v"):
+        lines = hlines if orient == "h" else vlines
+        segs = _segments(lines if orient == "h" else lines.T)
+        if len(segs) > 24:  # a line texture (fringes, stripes), not a few drawn rectangles
+            continue
+        for s1, e1, p1, _ in segs:
+            for s2, e2, p2, q2 in segs:
+                if p2 <= p1 + 4:
+                    continue
+                lo, hi = max(s1, s2), min(e1, e2)
+                if hi - lo < 0.5 * min(e1 - s1, e2 - s2) or hi - lo < 8:
+                    continue
+                # The other two sides: at the ends of the common stretch, or (lines running on past
+                # the rectangle) the outermost columns (rows) inked along the whole gap.
+                limit = w if orient == "h" else h
+                spans = [(max(0, lo - 2), min(limit, hi + 2))]
+                cross = vwide[p1:q2, lo:hi] if orient == "h" else hwide[lo:hi, p1:q2].T
+                strong = np.nonzero(cross.mean(axis=0) >= 0.75)[0]
+                strong = strong[(lo + strong > 2) & (lo + strong < limit - 3)]  # not the panel border
+                if strong.size >= 2 and strong[-1] - strong[0] >= 8:
+                    spans.append((lo + int(strong[0]) - 1, lo + int(strong[-1]) + 2))
+                best: tuple[float, tuple[int, int, int, int]] | None = None
+                for c1, c2 in spans:
+                    x1, y1, x2, y2 = (c1, p1, c2, q2) if orient == "h" else (p1, c1, q2, c2)
+                    borders = (x1 <= 2) + (y1 <= 2) + (x2 >= w - 2) + (y2 >= h - 2)
+                    if borders >= 1 or (x2 - x1) * (y2 - y1) > 0.5 * w * h:
+                        continue
+                    score = _rect_support(mask, hclosed, vclosed, x1, y1, x2, y2)
+                    if score is not None and (best is None or score > best[0]):
+                        best = (score, (x1, y1, x2, y2))
+                if best is None:
+                    continue
+                score, (x1, y1, x2, y2) = best
+                out.append(
+                    _Cand(
+                        "box",
+                        (x1, y1, x2, y2),
+                        ((x1 + x2 - 1) / 2.0, (y1 + y2 - 1) / 2.0),
+                        score,
+                        region=(float(x1), float(y1), float(x2), float(y2)),
+                    )
+                )
+    return out
+
+
+def _segments(lines: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Horizontal runs of a sparse line mask merged across adjacent rows into segments
+    (start, end, first row, last row + 1); at most five rows thick."""
+    rows = np.flatnonzero(lines.any(axis=1))
+    if rows.size > 150:  # a line texture: report it as too many segments
+        return [(0, 0, 0, 1)] * 100
+    runs: list[tuple[int, int, int]] = []
+    for row in rows.tolist():
+        padded = np.concatenate(([0], lines[row].view(np.uint8) > 0, [0])).astype(np.int8)
+        d = np.diff(padded)
+        for start, stop in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1), strict=True):
+            runs.append((int(start), int(stop), int(row)))
+    segs: list[list[int]] = []
+    for a, b, r in runs:
+        for seg in segs:
+            if seg[3] == r and min(b, seg[1]) - max(a, seg[0]) > 0.5 * min(b - a, seg[1] - seg[0]):
+                seg[0], seg[1], seg[3] = min(a, seg[0]), max(b, seg[1]), r + 1
+                break
+        else:
+            segs.append([a, b, r, r + 1])
+    return [(s0, s1, r0, r1) for s0, s1, r0, r1 in segs if r1 - r0 <= 5]
+
+
+def _rect_support(
+    mask: np.ndarray, hclosed: np.ndarray, vclosed: np.ndarray, x1: int, y1: int, x2: int, y2: int
+) -> float | None:
+    """How completely the four sides of a rectangle are inked; None when a side is missing, when
+    a side is not an isolated line (bands just inside and outside it inked too: text, line
+    texture) or when the interior is inked."""
+    w, h = x2 - x1, y2 - y1
+    if w < 8 or h < 8:
+        return None
+    band = 3
+    m = 4  # keep the perpendicular sides out of the isolation bands
+    sides = []
+    for name in ("top", "bottom", "left", "right"):
+        if name == "top":
+            cov = hclosed[y1 : y1 + band, x1:x2].any(axis=0).mean()
+            near = [
+                mask[max(0, y1 - 6) : max(0, y1 - 1), x1 + m : x2 - m],
+                mask[y1 + band + 1 : y1 + band + 5, x1 + m : x2 - m],
+            ]
+        elif name == "bottom":
+            cov = hclosed[y2 - band : y2, x1:x2].any(axis=0).mean()
+            near = [
+                mask[y2 + 1 : y2 + 6, x1 + m : x2 - m],
+                mask[max(0, y2 - band - 5) : y2 - band - 1, x1 + m : x2 - m],
+            ]
+        elif name == "left":
+            cov = vclosed[y1:y2, x1 : x1 + band].any(axis=1).mean()
+            near = [
+                mask[y1 + m : y2 - m, max(0, x1 - 6) : max(0, x1 - 1)],
+                mask[y1 + m : y2 - m, x1 + band + 1 : x1 + band + 5],
+            ]
+        else:
+            cov = vclosed[y1:y2, x2 - band : x2].any(axis=1).mean()
+            near = [
+                mask[y1 + m : y2 - m, x2 + 1 : x2 + 6],
+                mask[y1 + m : y2 - m, max(0, x2 - band - 5) : x2 - band - 1],
+            ]
+        clutter = max((float(b.mean()) for b in near if b.size), default=0.0)
+        sides.append(float(cov) if clutter <= 0.2 else -float(cov))
+    ranked = sorted(sides, key=abs)
+    # One side may fade, or be lost in clutter, where the line crosses image content of its own
+    # tone; the other three must be clean, isolated lines.
+    if abs(ranked[0]) < 0.3 or min(ranked[1:]) < 0.8:
+        return None
+    sides = [abs(v) for v in sides]
+    inner = mask[y1 + band : y2 - band, x1 + band : x2 - band]
+    density = float(inner.mean()) if inner.size else 0.0
+    if density > 0.12:
+        return None
+    return float(min(1.0, 0.4 + 0.6 * float(np.mean(sides)) - density))
+
+
+# ----------------------------------------------------------------------------- insets
+
+
+def _corner_insets(panel: _Panel) -> list[_Cand]:
+    """Embedded sub-images in a panel corner, bounded by straight edges meeting at an inner corner."""
+    if min(panel.h, panel.w) < 40:
+        return []
+    # Insets are large: their straight sides are found at half resolution on big panels.
+    step = 2 if min(panel.h, panel.w) >= 160 else 1
+    if step == 2:
+        g = cv2.resize(panel.gray, (panel.w // 2, panel.h // 2), interpolation=cv2.INTER_AREA)
+    else:
+        g = cv2.GaussianBlur(panel.gray, (3, 3), 0)
+    h, w = g.shape
+    gx = np.abs(cv2.Sobel(g, cv2.CV_16S, 1, 0, ksize=3))
+    gy = np.abs(cv2.Sobel(g, cv2.CV_16S, 0, 1, ksize=3))
+    horiz = ((gy >= 72) & (gy >= 2.5 * gx)).view(np.uint8)
+    vert = ((gx >= 72) & (gx >= 2.5 * gy)).view(np.uint8)
+    hz = cv2.dilate(horiz, np.ones((3, 1), np.uint8))
+    vt = cv2.dilate(vert, np.ones((1, 3), np.uint8))
+    rows = np.arange(1, h + 1, dtype=np.float32)[:, None]
+    cols = np.arange(1, w + 1, dtype=np.float32)[None, :]
+    out: list[_Cand] = []
+    ymin, ymax = int(0.12 * h), int(0.7 * h)
+    xmin, xmax = int(0.12 * w), int(0.7 * w)
+    for flip_y in (False, True):
+        vv = vt[::-1] if flip_y else vt
+        for flip_x in (False, True):
+            hh = hz[::-1] if flip_y else hz
+            hh = hh[:, ::-1] if flip_x else hh
+            vflip = vv[:, ::-1] if flip_x else vv
+            # Only the window of possible inner corners is needed.
+            cov_v = np.cumsum(vflip[:ymax, xmin:xmax], axis=0, dtype=np.float32)[ymin:] / rows[ymin:ymax]
+            cov_h = np.cumsum(hh[ymin:ymax, :xmax], axis=1, dtype=np.float32)[:, xmin:] / cols[:, xmin:xmax]
+            score = np.minimum(cov_v, cov_h)
+            best = float(score.max()) if score.size else 0.0
+            if best < 0.7:
+                continue
+            ys_, xs_ = np.nonzero(score >= best - 0.05)
+            k = int(np.argmax(ys_ + xs_))
+            ye, xe = int(ys_[k]) + ymin, int(xs_[k]) + xmin
+            if not 0.4 <= (xe + 1) / float(ye + 1) <= 2.5:
+                continue
+            beyond_v = float(vflip[ye + 3 :, xe].mean()) if ye + 3 < h else 0.0
+            beyond_h = float(hh[ye, xe + 3 :].mean()) if xe + 3 < w else 0.0
+            # Back to full-resolution panel pixels.
+            pw, ph = panel.w, panel.h
+            xe_f, ye_f = min(pw - 1, (xe + 1) * step - 1), min(ph - 1, (ye + 1) * step - 1)
+            x1, x2 = (pw - 1 - xe_f, pw) if flip_x else (0, xe_f + 1)
+            y1, y2 = (ph - 1 - ye_f, ph) if flip_y else (0, ye_f + 1)
+            # A gutter between juxtaposed images crosses the whole panel: the edge continues past
+            # the corner as a uniform white (or black) strip.
+            xc = x2 - 1 if not flip_x else x1
+            yc = y2 - 1 if not flip_y else y1
+            if beyond_v > 0.8 and _strip(panel, "v", xc, y2 if not flip_y else 0, ph if not flip_y else y1):
+                continue
+            if beyond_h > 0.8 and _strip(panel, "h", yc, x2 if not flip_x else 0, pw if not flip_x else x1):
+                continue
+            if not _differs(panel, x1, y1, x2, y2):
+                continue
+            out.append(
+                _Cand(
+                    "inset",
+                    (x1, y1, x2, y2),
+                    ((x1 + x2 - 1) / 2.0, (y1 + y2 - 1) / 2.0),
+                    min(1.0, 0.3 + 0.7 * best),
+                    region=(float(x1), float(y1), float(x2), float(y2)),
+                )
+            )
+    return out
+
+
+def _strip(panel: _Panel, orient: str, at: int, start: int, stop: int) -> bool:
+    """A white or black strip (a gutter) within four pixels of row/column ``at``."""
+    if stop - start < 4:
+        return False
+    if orient == "v":
+        band = panel.gray[start:stop, max(0, at - 4) : at + 5]
+        extreme = np.maximum((band >= 215).any(axis=1), (band <= 40).any(axis=1))
+    else:
+        band = panel.gray[max(0, at - 4) : at + 5, start:stop]
+        extreme = np.maximum((band >= 215).any(axis=0), (band <= 40).any(axis=0))
+    return float(extreme.mean()) >= 0.8
+
+
+def _differs(panel: _Panel, x1: int, y1: int, x2: int, y2: int, *, frame_ok: bool = True) -> bool:
+    """Inside and outside of a candidate frame look like different images, or a frame line runs
+    along it: an inset, not a stretch of one micrograph."""
+    g = panel.gray
+    h, w = g.shape
+    d0, d1 = 3, 10
+    pairs = []
+    if x1 > d1:
+        pairs.append((g[y1:y2, x1 + d0 : x1 + d1], g[y1:y2, x1 - d1 : x1 - d0]))
+    if x2 + d1 < w:
+        pairs.append((g[y1:y2, x2 - d1 : x2 - d0], g[y1:y2, x2 + d0 : x2 + d1]))
+    if y1 > d1:
+        pairs.append((g[y1 + d0 : y1 + d1, x1:x2], g[y1 - d1 : y1 - d0, x1:x2]))
+    if y2 + d1 < h:
+        pairs.append((g[y2 - d1 : y2 - d0, x1:x2], g[y2 + d0 : y2 + d1, x1:x2]))
+    diffs = []
+    for inside, outside in pairs:
+        if inside.size == 0 or outside.size == 0:
+            continue
+        dm = abs(float(inside.mean()) - float(outside.mean()))
+        ds = abs(float(inside.std()) - float(outside.std()))
+        diffs.append(max(dm, 1.5 * ds))
+    if not diffs:
+        return False
+    return float(np.mean(diffs)) >= 18.0 or (frame_ok and _framed(panel, x1, y1, x2, y2))
+
+
+def _framed(panel: _Panel, x1: int, y1: int, x2: int, y2: int) -> bool:
+    h, w = panel.h, panel.w
+    best = 0.0
+    for name in ("white_lo", "black_lo"):
+        mask = panel.masks[name]
+        cov = []
+        if x1 > 2:
+            cov.append(mask[y1:y2, max(0, x1 - 1) : x1 + 2].any(axis=1).mean())
+        if x2 < w - 2:
+            cov.append(mask[y1:y2, x2 - 2 : x2 + 1].any(axis=1).mean())
+        if y1 > 2:
+            cov.append(mask[max(0, y1 - 1) : y1 + 2, x1:x2].any(axis=0).mean())
+        if y2 < h - 2:
+            cov.append(mask[y2 - 2 : y2 + 1, x1:x2].any(axis=0).mean())
+        if cov:
+            best = max(best, float(min(cov)))
+    return best >= 0.8
+
+
+# ----------------------------------------------------------------------------- filters
+
+
+def _scale_bars(panel: _Panel) -> list[tuple[int, int, int, int]]:
+    """Solid thin horizontal bars in the lower part of the panel, with a margin for their text."""
+    out = []
+    for name in ("white_lo", "black_lo"):
+        _n, _, st = panel.components(name)
+        x, y, w, h, area = (st[1:, k] for k in range(5))
+        bar = (h <= 8) & (w >= 4 * h) & (w >= 10) & (area >= 0.8 * w * h) & (y >= 0.6 * panel.h)
+        for k in np.nonzero(bar)[0]:
+            bx, by, bw, bh = int(x[k]), int(y[k]), int(w[k]), int(h[k])
+            pad = 3 * max(bh, 4)
+            out.append((bx - bh, by - pad, bx + bw + bh, by + bh + pad))
+    return out
+
+
+def _overlap_frac(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    if w <= 0 or h <= 0:
+        return 0.0
+    small = min((a[2] - a[0]) * (a[3] - a[1]), (b[2] - b[0]) * (b[3] - b[1]))
+    return w * h / max(small, 1e-9)
+
+
+def _along_edge(cand: _Cand, edges: list[tuple[float, float, float, float]], tol: float = 3.0) -> bool:
+    """A pointing glyph lying along a border or frame line (parallel to it and within tol px)."""
+    if cand.direction is None:
+        return False
+    gx1, gy1, gx2, gy2 = cand.glyph
+    d = cand.direction % 180.0
+    horizontal = d < 20 or d > 160
+    vertical = 70 < d < 110
+    for x1, y1, x2, y2 in edges:
+        if (
+            vertical
+            and min(abs(gx1 - x1), abs(gx2 - x2), abs(gx1 - x2), abs(gx2 - x1)) <= tol
+            and gy1 >= y1 - tol
+            and gy2 <= y2 + tol
+            and gx2 - gx1 <= 12
+        ):
+            return True
+        if (
+            horizontal
+            and min(abs(gy1 - y1), abs(gy2 - y2), abs(gy1 - y2), abs(gy2 - y1)) <= tol
+            and gx1 >= x1 - tol
+            and gx2 <= x2 + tol
+            and gy2 - gy1 <= 12
+        ):
+            return True
+    return False
+
+
+def _prefer_insets(panel: _Panel, cands: list[_Cand]) -> list[_Cand]:
+    """A framed rectangle in a panel corner holding a different picture is an inset, not a drawn
+    box: retype such boxes, and drop boxes that duplicate a detected inset."""
+    h, w = panel.h, panel.w
+    insets = [c for c in cands if c.kind == "inset"]
+    out: list[_Cand] = []
+    for c in cands:
+        if c.kind == "box":
+            twin = next((i for i in insets if _iou(c.glyph, i.glyph) >= 0.7), None)
+            if twin is not None:
+                # The drawn frame is the more precise outline of the inset.
+                twin.glyph, twin.region, twin.point = c.glyph, c.region, c.point
+                continue
+            x1, y1, x2, y2 = c.glyph
+            mx, my = max(6.0, 0.03 * w), max(6.0, 0.03 * h)
+            corner = (x1 <= mx or x2 >= w - mx) and (y1 <= my or y2 >= h - my)
+            big = (x2 - x1) >= 0.12 * w and (y2 - y1) >= 0.12 * h and (x2 - x1) * (y2 - y1) <= 0.5 * w * h
+            if corner and big and _differs(panel, x1, y1, x2, y2, frame_ok=False):
+                c = _Cand("inset", c.glyph, c.point, max(c.score, 0.6), region=c.region)
+        out.append(c)
+    return out
+
+
+def _iou(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    if w <= 0 or h <= 0:
+        return 0.0
+    inter = w * h
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def _dedupe(cands: list[_Cand]) -> list[_Cand]:
+    """One candidate per glyph: the best-scoring of those whose glyph boxes mostly overlap."""
+    order = sorted(cands, key=lambda c: -c.score)
+    kept: list[_Cand] = []
+    for cand in order:
+        clash = False
+        for other in kept:
+            if _overlap_frac(cand.glyph, other.glyph) < 0.6:
+                continue
+            ga = (cand.glyph[2] - cand.glyph[0]) * (cand.glyph[3] - cand.glyph[1])
+            gb = (other.glyph[2] - other.glyph[0]) * (other.glyph[3] - other.glyph[1])
+            # A small glyph inside a large outline or inset is a marker of its own.
+            if other.kind in _ENCLOSING and ga < 0.35 * gb:
+                continue
+            if cand.kind in _ENCLOSING and gb < 0.35 * ga:
+                continue
+            clash = True
+            break
+        if not clash:
+            kept.append(cand)
+    return kept
+
+
+def _target(cand: _Cand, w: int, h: int) -> tuple[float, float, float, float]:
+    """Target box in crop coordinates."""
+    diag = math.hypot(w, h)
+    if cand.region is not None:
+        return cand.region
+    if cand.kind in _POINTING and cand.direction is not None:
+        base = cand.size * (1.2 if cand.kind == "arrow" else 3.0)
+        side = float(np.clip(base, 0.07 * diag, 0.3 * min(w, h) + 8))
+        # An axis-aligned square ahead of the tip, the tip just inside its trailing part.
+        rad = math.radians(cand.direction)
+        tx, ty = cand.point
+        cx, cy = tx + 0.42 * side * math.cos(rad), ty + 0.42 * side * math.sin(rad)
+        half = side / 2.0
+        return (min(cx - half, tx), min(cy - half, ty), max(cx + half, tx + 1.0), max(cy + half, ty + 1.0))
+    # Asterisks and stars: the structure lies next to the glyph.
+    gx1, gy1, gx2, gy2 = cand.glyph
+    size = max(gx2 - gx1, gy2 - gy1)
+    side = float(np.clip(3.0 * size, 0.08 * diag, 0.35 * min(w, h) + 8))
+    cx, cy = (gx1 + gx2) / 2.0, (gy1 + gy2) / 2.0
+    return (cx - side / 2.0, cy - side / 2.0, cx + side / 2.0, cy + side / 2.0)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def detect_markers(image: np.ndarray, panel_box: Box) -> list[Marker]:
+    """Markers drawn on one photographic panel of ``image`` (RGB uint8, H x W x 3).
+
+    ``panel_box`` is in figure pixels (x2/y2 exclusive); every returned box and point is in
+    figure pixels too, best confidence first. The caller runs this on image-type panels only.
+    """
+    if image.ndim == 2:
+        image = np.stack([image] * 3, axis=-1)
+    image = image[..., :3]
+    if image.dtype != np.uint8:
+        image = np.clip(image, 0, 255).astype(np.uint8)
+    fh, fw = image.shape[:2]
+    x0 = max(0, math.floor(panel_box[0]))
+    y0 = max(0, math.floor(panel_box[1]))
+    x1 = min(fw, math.ceil(panel_box[2]))
+    y1 = min(fh, math.ceil(panel_box[3]))
+    if x1 - x0 < 16 or y1 - y0 < 16:
+        return []
+    panel = _Panel(np.ascontiguousarray(image[y0:y1, x0:x1]))
+    h, w = panel.h, panel.w
+
+    cands: list[_Cand] = _corner_insets(panel)
+    text_zone = np.zeros((h, w), dtype=bool)
+    for name in ("white_lo", "black_lo", "colour"):
+        n, _, stats = panel.components(name)
+        if n <= 1:
+            continue
+        text = _text_flags(stats, h, w)
+        if name != "colour":
+            text_zone |= text
+        cands += _head_arrows(panel, _STRONG[name], text)
+        cands += _component_shapes(panel, name, text)
+        cands += _dashed_outlines(panel, name)
+        cands += _line_rectangles(panel, name)
+    cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]
+    if text_zone.any():
+        cands = [c for c in cands if not _in_text(c, text_zone)]
+
+    bars = _scale_bars(panel)
+    if bars:
+        cands = [
+            c for c in cands if c.kind == "inset" or not any(_overlap_frac(c.glyph, b) > 0.5 for b in bars)
+        ]
+    edges: list[tuple[float, float, float, float]] = [
+        (0.0, 0.0, float(w), 0.0),
+        (0.0, float(h), float(w), float(h)),
+        (0.0, 0.0, 0.0, float(h)),
+        (float(w), 0.0, float(w), float(h)),
+    ]
+    for c in cands:
+        if c.kind == "inset" and c.region is not None:
+            rx1, ry1, rx2, ry2 = c.region
+            edges += [(rx1, ry1, rx2, ry1), (rx1, ry2, rx2, ry2), (rx1, ry1, rx1, ry2), (rx2, ry1, rx2, ry2)]
+    cands = [c for c in cands if c.kind not in _POINTING or not _along_edge(c, edges)]
+    cands = _dedupe(_prefer_insets(panel, cands))
+
+    markers: list[Marker] = []
+    for cand in cands:
+        tx1, ty1, tx2, ty2 = _target(cand, w, h)
+        tx1, ty1 = max(0.0, tx1), max(0.0, ty1)
+        tx2, ty2 = min(float(w), tx2), min(float(h), ty2)
+        if tx2 - tx1 < 1 or ty2 - ty1 < 1:
+            continue
+        gx1, gy1, gx2, gy2 = cand.glyph
+        markers.append(
+            Marker(
+                kind=cand.kind,
+                glyph_box=(float(gx1 + x0), float(gy1 + y0), float(gx2 + x0), float(gy2 + y0)),
+                target_point=(float(cand.point[0] + x0), float(cand.point[1] + y0)),
+                target_box=(tx1 + x0, ty1 + y0, tx2 + x0, ty2 + y0),
+                confidence=float(round(min(1.0, cand.score), 4)),
+                direction_deg=None if cand.direction is None else float(round(cand.direction, 2)),
+                color=cand.color,
+            )
+        )
+    markers.sort(key=lambda m: -m.confidence)
+    return markers

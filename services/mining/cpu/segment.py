@@ -1,0 +1,1054 @@
+"""Compound-figure panel segmentation on the CPU (no model, no download).
+
+``segment_panels`` turns a figure into tight panel boxes:
+
+1. ink mask (darkest channel below near-white, or "differs from the background colour" when the
+   figure has a dark/coloured background) and a text unit ``u`` (median glyph height);
+2. panel-label glyphs (small isolated glyph groups at the top-left of content) are found by
+   connected components alone and taken out of the content, so boxes never swallow them;
+3. the remaining ink forms parts (connected blobs bridging 1-2 px gaps, overlapping boxes merged);
+   dense image parts are split where a straight full-length edge or separator line crosses them
+   (touching panels, 0-px gutters);
+4. parts are clustered bottom-up by gap: text (tick labels, axis titles, legends) joins the
+   nearest panel; every label anchors the part at its lower right and two parts anchored by
+   different labels never merge, while unlabelled sub-images join their labelled neighbour;
+5. boxes are tightened to the ink; clusters without any panel-sized part (caption strips, stray
+   text) are dropped; a figure that is one panel yields one box.
+
+Optional ``labels`` (e.g. from OCR) replace step 2's guesses.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from p2p.mining.types import LabelDetection, PanelCandidate
+from p2p.shared.geometry import Box
+
+INK_THRESHOLD = 225  # darkest channel below this = ink (as in the annotation notes)
+MAX_ANALYSIS_SIDE = 1600  # larger figures are analysed on an ink-preserving downscale
+MIN_SIDE = 8  # figures smaller than this are one panel (when they hold ink) or nothing
+
+IntBox = tuple[int, int, int, int]  # x1, y1, x2, y2 with x2/y2 exclusive
+
+
+@dataclass
+class _Cluster:
+    box: list[int]
+    major: bool  # holds a panel-sized part
+    area: int  # sum of member part box areas (for size comparisons)
+    anchor: int = -1  # index of the label that heads this cluster, -1 = none
+    dense: bool = False  # its largest part is an image (ink fills its box)
+    largest: int = 0  # area of its largest major part
+    alive: bool = True
+
+
+# --------------------------------------------------------------------------------------------
+# input handling and ink
+
+
+def _as_rgb(image: np.ndarray) -> np.ndarray:
+    array = np.asarray(image)
+    if array.dtype != np.uint8:
+        if np.issubdtype(array.dtype, np.floating) and array.size and float(np.nanmax(array)) <= 1.0:
+            array = array * 255.0
+        array = np.clip(np.nan_to_num(array), 0, 255).astype(np.uint8)
+    if array.ndim == 2:
+        return np.repeat(array[:, :, None], 3, axis=2)
+    if array.ndim == 3 and array.shape[2] == 1:
+        return np.repeat(array, 3, axis=2)
+    if array.ndim == 3 and array.shape[2] >= 3:
+        return np.ascontiguousarray(array[:, :, :3])
+    raise ValueError(f"expected an HxW or HxWxC image, got shape {array.shape}")
+
+
+def ink_mask(rgb: np.ndarray) -> np.ndarray:
+    """Boolean foreground mask.
+
+    Light backgrounds (the usual case): darkest channel below ``INK_THRESHOLD``. Only a figure
+    drawn on a flat dark canvas (border one exact dark tone, and that tone running across the
+    figure as gutters) is read the other way round: ink is whatever differs from the canvas.
+    """
+    height, width = rgb.shape[:2]
+    darkest = np.minimum(np.minimum(rgb[:, :, 0], rgb[:, :, 1]), rgb[:, :, 2])
+    light = np.asarray(darkest < INK_THRESHOLD)
+    if height < MIN_SIDE or width < MIN_SIDE:
+        return light
+    border = np.concatenate([rgb[0], rgb[-1], rgb[:, 0], rgb[:, -1]]).astype(np.int16)
+    if float((border.min(axis=1) >= INK_THRESHOLD).mean()) >= 0.4:
+        return light
+    background = np.median(border, axis=0)
+    if float(background.max()) >= 100 or float((np.abs(border - background).max(axis=1) <= 6).mean()) < 0.97:
+        return light
+    dark = np.asarray(np.abs(rgb.astype(np.int16) - background.astype(np.int16)).max(axis=2) > 40)
+    inner_rows = np.asarray(dark[2:-2].any(axis=1), dtype=bool)
+    inner_cols = np.asarray(dark[:, 2:-2].any(axis=0), dtype=bool)
+    has_gutter = bool((~inner_rows[2:-2]).any() or (~inner_cols[2:-2]).any())
+    return dark if has_gutter else light
+
+
+def _remove_border_rules(mask: np.ndarray) -> None:
+    """Clear a thin frame drawn along the figure's edge (full-length lines with white inside)."""
+    height, width = mask.shape
+    for axis in (0, 1):
+        length = width if axis == 0 else height
+        size = height if axis == 0 else width
+        coverage = mask.sum(axis=1 - axis) / max(1, length)
+        limit = max(3, round(0.01 * size))
+        for start, step in ((0, 1), (size - 1, -1)):
+            run = 0
+            while run <= limit and 0 <= start + step * run < size and coverage[start + step * run] >= 0.97:
+                run += 1
+            inner = start + step * run
+            if run == 0 or run > limit or not 0 <= inner < size or coverage[inner] > 0.5:
+                continue
+            band = [start + step * k for k in range(run)]
+            if axis == 0:
+                mask[band, :] = False
+            else:
+                mask[:, band] = False
+
+
+def _downscale_max(mask: np.ndarray, factor: int) -> np.ndarray:
+    height, width = mask.shape
+    ph, pw = -height % factor, -width % factor
+    padded = np.pad(mask, ((0, ph), (0, pw)))
+    blocks = padded.reshape(padded.shape[0] // factor, factor, padded.shape[1] // factor, factor)
+    return np.asarray(blocks.any(axis=(1, 3)), dtype=bool)
+
+
+def _tight(mask: np.ndarray, box: IntBox) -> IntBox | None:
+    x1, y1, x2, y2 = box
+    crop = mask[y1:y2, x1:x2]
+    rows = np.flatnonzero(crop.any(axis=1))
+    if rows.size == 0:
+        return None
+    cols = np.flatnonzero(crop.any(axis=0))
+    return (x1 + int(cols[0]), y1 + int(rows[0]), x1 + int(cols[-1]) + 1, y1 + int(rows[-1]) + 1)
+
+
+def _float_box(box: IntBox) -> Box:
+    return (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+
+
+def _window_sum(integral: np.ndarray, x1: int, y1: int, x2: int, y2: int) -> int:
+    if x2 <= x1 or y2 <= y1:
+        return 0
+    return int(integral[y2, x2] - integral[y1, x2] - integral[y2, x1] + integral[y1, x1])
+
+
+def _box_gap(a: IntBox | list[int], b: IntBox | list[int]) -> float:
+    dx = max(0, max(a[0], b[0]) - min(a[2], b[2]))
+    dy = max(0, max(a[1], b[1]) - min(a[3], b[3]))
+    return float(max(dx, dy) + 0.5 * min(dx, dy))
+
+
+def _overlaps(a: IntBox | list[int], b: IntBox | list[int]) -> bool:
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+
+# --------------------------------------------------------------------------------------------
+# text unit and label glyphs
+
+
+def _text_unit(stats: np.ndarray, height: int, width: int) -> float:
+    """Median height of glyph-like components: the scale for every gap and size threshold."""
+    fallback = float(np.clip(0.012 * max(height, width), 5.0, 40.0))
+    if stats.shape[0] <= 1:
+        return fallback
+    w, h, area = stats[1:, 2], stats[1:, 3], stats[1:, 4]
+    glyph = (h >= 4) & (h <= max(8.0, 0.08 * max(height, width))) & (w <= 3 * h) & (area >= 0.12 * w * h)
+    if int(glyph.sum()) < 3:
+        return fallback
+    return float(np.clip(np.median(h[glyph]), 4.0, max(8.0, 0.05 * max(height, width))))
+
+
+@dataclass
+class _Glyphs:
+    """Connected components of the ink mask and the word groups that may be panel labels."""
+
+    labels: np.ndarray  # component id per pixel
+    stats: np.ndarray  # cv2 stats (x, y, w, h, area) per component id
+    words: list[tuple[IntBox, list[int]]]  # label candidates: box and component ids
+
+
+@dataclass
+class Analysis:
+    """What the segmenter learnt about a figure that the label reader needs again."""
+
+    gray: np.ndarray
+    mask: np.ndarray  # uint8 ink mask (figure frame removed)
+    glyphs: _Glyphs
+    u: float
+
+
+_RECENT: list[tuple[tuple[int, ...], Analysis]] = []
+_RECENT_LOCK = threading.Lock()
+_RECENT_SIZE = 4  # a few figures in flight per process
+
+
+def _image_key(image: np.ndarray) -> tuple[int, ...]:
+    array = np.asarray(image)
+    sample = array[:: max(1, array.shape[0] // 16), :: max(1, array.shape[1] // 16)]
+    return (id(image), array.__array_interface__["data"][0], *array.shape, int(sample.sum(dtype=np.int64)))
+
+
+def _remember(image: np.ndarray, analysis: Analysis) -> None:
+    key = _image_key(image)
+    with _RECENT_LOCK:
+        _RECENT[:] = [item for item in _RECENT if item[0] != key][-(_RECENT_SIZE - 1) :]
+        _RECENT.append((key, analysis))
+
+
+def recall_analysis(image: np.ndarray) -> Analysis | None:
+    """The segmenter's analysis of this very image array, if it was segmented recently."""
+    key = _image_key(image)
+    with _RECENT_LOCK:
+        for item_key, analysis in _RECENT:
+            if item_key == key:
+                return analysis
+    return None
+
+
+def _label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray, u: float) -> _Glyphs:
+    """Glyph groups that may be panel labels: glyph-sized, at most four glyphs on one line ("a",
+    "(a)", "1a", "ii", "A."), with nothing to their left or just above them."""
+    height, width = mask_u8.shape
+    n = stats.shape[0]
+    integral = cv2.integral(mask_u8)
+    x, y, w, h = stats[:, 0], stats[:, 1], stats[:, 2], stats[:, 3]
+    hmin = max(4.0, 0.5 * u)
+    hmax = max(3.2 * u, 0.045 * max(height, width))
+    ids = np.arange(n)
+    glyph = (ids > 0) & (h >= hmin) & (h <= hmax) & (w <= 1.6 * h + 2)
+    small = (ids > 0) & (h <= hmax) & (w <= 1.6 * hmax)
+    small_ids = ids[small]
+    order = small_ids[np.argsort(x[small_ids], kind="stable")]
+    xs_sorted = x[order]
+
+    def near_x(lo: float, hi: float) -> np.ndarray:
+        return order[
+            int(np.searchsorted(xs_sorted, lo, side="left")) : int(
+                np.searchsorted(xs_sorted, hi, side="right")
+            )
+        ]
+
+    def dots(cid: int, gh: int) -> list[int]:
+        """i/j dots and accents: small components just above the glyph."""
+        out = []
+        for j in near_x(x[cid] - gh, x[cid] + w[cid] + 1):
+            j = int(j)
+            if j == cid or h[j] > 0.5 * gh or w[j] > w[cid] + 0.5 * gh + 2:
+                continue
+            if x[j] + w[j] < x[cid] - 1 or x[j] > x[cid] + w[cid] + 1:
+                continue
+            if y[cid] - 0.7 * gh <= y[j] + h[j] <= y[cid] + 1:
+                out.append(j)
+        return out
+
+    area = stats[:, 4]
+    # solid images: a label may sit right beside one (narrow gutters) without being text
+    solid = (h > hmax) & (w > hmax) & (area >= 0.6 * w * h)
+
+    def foreign(x1: int, y1: int, x2: int, y2: int, members: list[int]) -> int:
+        """Ink in the window that is neither the group's own nor a solid image beside it."""
+        x1, y1, x2, y2 = max(0, x1), max(0, y1), min(width, x2), min(height, y2)
+        total = _window_sum(integral, x1, y1, x2, y2)
+        if total == 0:
+            return 0
+        window = labels[y1:y2, x1:x2]
+        ids_here = np.unique(window)
+        ignore = [int(j) for j in ids_here if j and (int(j) in members or solid[j])]
+        if not ignore:
+            return total
+        return total - int(np.isin(window, ignore).sum())
+
+    words: list[tuple[IntBox, list[int]]] = []
+    for cid in ids[glyph]:
+        cid = int(cid)
+        gx1, gy1, gx2, gy2 = int(x[cid]), int(y[cid]), int(x[cid] + w[cid]), int(y[cid] + h[cid])
+        gh = gy2 - gy1
+        margin = max(2, round(0.45 * gh), round(0.6 * u))
+        # nothing to the left (same rows)
+        if foreign(gx1 - margin, gy1, gx1, gy2, [cid]) > 0:
+            continue
+        members = [cid, *dots(cid, gh)]
+        bx1, bx2, by2 = gx1, gx2, gy2
+        by1 = min(int(y[j]) for j in members)
+        # grow to the right: "(a)", "1a", "ii", "A." are up to four glyphs on one line
+        glyph_count = 1
+        while glyph_count < 5:
+            nxt = None
+            for j in near_x(bx2 - 1, bx2 + 0.5 * gh + 1):
+                j = int(j)
+                if j in members:
+                    continue
+                jy1, jy2 = int(y[j]), int(y[j] + h[j])
+                same_line = abs(jy2 - gy2) <= max(2.0, 0.35 * gh) and jy1 >= gy1 - 0.5 * gh
+                small_mark = jy2 - jy1 <= 0.4 * gh and gy1 <= jy1 and jy2 <= gy2  # "." or ","
+                if (same_line or small_mark) and w[j] <= 1.6 * h[j] + 2 and x[j] >= bx2 - 1:
+                    nxt = j
+                    break
+            if nxt is None:
+                break
+            glyph_count += 1
+            added = [nxt, *dots(nxt, gh)]
+            members.extend(added)
+            bx2 = max(bx2, max(int(x[j] + w[j]) for j in added))
+            by1 = min(by1, min(int(y[j]) for j in added))
+            by2 = max(by2, max(int(y[j] + h[j]) for j in added))
+        if glyph_count > 4 or bx2 - bx1 > 3.2 * gh:
+            continue
+        # nothing just above, nor left of the dots
+        if foreign(bx1 - margin, by1 - margin, bx2 + margin, by1, members) > 0:
+            continue
+        if by1 < gy1 and foreign(bx1 - margin, by1, bx1, gy1, members) > 0:
+            continue
+        # glyphs enclosed by the group (the letter inside a circled label) belong to it
+        enclosed = [
+            int(j)
+            for j in np.unique(labels[by1:by2, bx1:bx2])
+            if j
+            and int(j) not in members
+            and x[j] >= bx1
+            and y[j] >= by1
+            and x[j] + w[j] <= bx2
+            and y[j] + h[j] <= by2
+        ]
+        if len(enclosed) > 4:
+            continue  # a diagram node with a word inside, not a circled label
+        words.append(((bx1, by1, bx2, by2), members + enclosed))
+    return _Glyphs(labels=labels, stats=stats, words=words)
+
+
+def _in_series(box: IntBox, stats: np.ndarray, u: float) -> bool:
+    """True when glyphs of the same size line up in a column with it (axis tick labels)."""
+    _, y1, x2, y2 = box
+    gh = y2 - y1
+    sx, sy, sw, sh = stats[1:, 0], stats[1:, 1], stats[1:, 2], stats[1:, 3]
+    similar = (np.abs(sh - gh) <= max(1, 0.2 * gh)) & (sw <= 3 * gh)
+    near = (np.abs(sy - y1) <= 8 * u) & (np.abs(sy - y1) >= 1.5 * gh)
+    right_aligned = np.abs((sx + sw) - x2) <= 1
+    return bool(int((similar & near & right_aligned).sum()) >= 2)
+
+
+@dataclass
+class CornerGlyph:
+    """A label-like glyph group printed inside a panel near one of its corners."""
+
+    box: IntBox  # glyphs, figure pixels (analysis scale when called from the segmenter)
+    crop_box: IntBox  # region of ``keep``
+    keep: np.ndarray  # True on the glyph pixels inside crop_box
+    invert: bool  # light glyphs on a dark ground
+    corner: str  # "tl", "tr", "bl", "br"
+
+
+def corner_glyphs(
+    gray: np.ndarray,
+    box: IntBox,
+    u: float,
+    corners: tuple[str, ...] = ("tl", "tr", "bl", "br"),
+    *,
+    otsu: bool = True,
+) -> list[CornerGlyph]:
+    """Isolated, high-contrast glyph groups (either polarity) near the corners inside ``box``.
+
+    In each corner window, glyph candidates are near-white or near-black pixels (labels are
+    printed in pure white or black) and, on a calm ground, the minority class of an Otsu split.
+    Glyph-sized components that stand alone (nothing of their kind around them) are kept,
+    together with their neighbours on the same line ("(a)", "1a").
+    """
+    x1, y1, x2, y2 = box
+    side = min(x2 - x1, y2 - y1)
+    size = int(np.clip(0.3 * side, 3.0 * u, 8.0 * u))
+    size = min(size, x2 - x1, y2 - y1)
+    out: list[CornerGlyph] = []
+    if size < 8:
+        return out
+    for corner in corners:
+        cx1 = x1 if corner[1] == "l" else x2 - size
+        cy1 = y1 if corner[0] == "t" else y2 - size
+        crop = gray[cy1 : cy1 + size, cx1 : cx1 + size]
+        if crop.size == 0 or int(crop.max()) - int(crop.min()) < 60:
+            continue
+        threshold, _ = cv2.threshold(crop, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+        masks = [(True, crop >= 230, False), (False, crop <= 30, False)]
+        if otsu:
+            masks += [(True, crop > threshold, True), (False, crop <= threshold, True)]
+        seen: set[IntBox] = set()
+        for invert, text_mask, calm in masks:
+            fraction = float(text_mask.mean())
+            if fraction == 0.0 or fraction > 0.3:
+                continue
+            for glyph in _glyph_groups(crop, text_mask, u, corner, calm):
+                wx1, wy1, wx2, wy2 = glyph[0]
+                if any(_overlaps(glyph[0], other) for other in seen):
+                    continue
+                seen.add(glyph[0])
+                px1, py1, px2, py2 = glyph[1]
+                out.append(
+                    CornerGlyph(
+                        box=(cx1 + wx1, cy1 + wy1, cx1 + wx2, cy1 + wy2),
+                        crop_box=(cx1 + px1, cy1 + py1, cx1 + px2, cy1 + py2),
+                        keep=glyph[2],
+                        invert=invert,
+                        corner=corner,
+                    )
+                )
+    return out
+
+
+def _ring_group(
+    crop: np.ndarray, labels: np.ndarray, stats: np.ndarray, ring: int, inner: list[int]
+) -> list[tuple[IntBox, IntBox, np.ndarray]]:
+    size = crop.shape[0]
+    wx1 = min(int(stats[k, 0]) for k in inner)
+    wy1 = min(int(stats[k, 1]) for k in inner)
+    wx2 = max(int(stats[k, 0] + stats[k, 2]) for k in inner)
+    wy2 = max(int(stats[k, 1] + stats[k, 3]) for k in inner)
+    if wy2 - wy1 < 4:
+        return []
+    pad = max(1, round(0.1 * (wy2 - wy1)))
+    px1, py1 = max(0, wx1 - pad), max(0, wy1 - pad)
+    px2, py2 = min(size, wx2 + pad), min(size, wy2 + pad)
+    keep = np.isin(labels[py1:py2, px1:px2], inner)
+    return [((wx1, wy1, wx2, wy2), (px1, py1, px2, py2), keep)]
+
+
+def _glyph_groups(
+    crop: np.ndarray, text_mask: np.ndarray, u: float, corner: str, calm: bool
+) -> list[tuple[IntBox, IntBox, np.ndarray]]:
+    size = crop.shape[0]
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(text_mask.astype(np.uint8), connectivity=8)
+    found: list[tuple[IntBox, IntBox, np.ndarray]] = []
+    inside_ring: set[int] = set()
+    for cid in range(1, n):
+        bx, by, bw, bh, area = (int(v) for v in stats[cid])
+        if not (max(5.0, 0.5 * u) <= bh <= 4.0 * u and bw <= 1.6 * bh + 2):
+            continue
+        if area < 0.45 * bw * bh and 0.7 <= bw / max(1, bh) <= 1.4:
+            # a circle around the label: what it encloses is the glyph group
+            ring_ids = np.unique(labels[by : by + bh, bx : bx + bw])
+            inner = [
+                int(o)
+                for o in ring_ids
+                if o
+                and o != cid
+                and stats[o, 0] > bx
+                and stats[o, 1] > by
+                and stats[o, 0] + stats[o, 2] < bx + bw
+                and stats[o, 1] + stats[o, 3] < by + bh
+            ]
+            if inner:
+                inside_ring.update(inner)
+                found.extend(_ring_group(crop, labels, stats, cid, inner))
+                continue
+        if cid in inside_ring or area < 0.12 * bw * bh:
+            continue
+        # near the corner; whole (not cut by the window's inner edges)
+        near_x = bx <= 0.5 * size if corner[1] == "l" else bx + bw >= 0.5 * size
+        near_y = by <= 0.5 * size if corner[0] == "t" else by + bh >= 0.5 * size
+        if not (near_x and near_y):
+            continue
+        if (corner[1] == "l" and bx + bw >= size - 1) or (corner[1] == "r" and bx <= 0):
+            continue
+        if (corner[0] == "t" and by + bh >= size - 1) or (corner[0] == "b" and by <= 0):
+            continue
+        margin = max(2, round(0.35 * bh))
+        ax1, ay1 = max(0, bx - margin), max(0, by - margin)
+        ax2, ay2 = min(size, bx + bw + margin), min(size, by + bh + margin)
+        ring = labels[ay1:ay2, ax1:ax2]
+        others = [int(o) for o in np.unique(ring) if o and o != cid]
+        bottom = by + bh
+        mates = [
+            o
+            for o in others
+            if abs(int(stats[o, 1] + stats[o, 3]) - bottom) <= max(2.0, 0.4 * bh) or stats[o, 3] <= 0.45 * bh
+        ]
+        if len(others) > len(mates) or len(mates) > 3:
+            continue
+        members = [cid, *mates]
+        wx1 = min(int(stats[k, 0]) for k in members)
+        wy1 = min(int(stats[k, 1]) for k in members)
+        wx2 = max(int(stats[k, 0] + stats[k, 2]) for k in members)
+        wy2 = max(int(stats[k, 1] + stats[k, 3]) for k in members)
+        if wx2 - wx1 > 3.2 * (wy2 - wy1):
+            continue
+        pad = max(2, round(0.3 * (wy2 - wy1)))
+        px1, py1 = max(0, wx1 - pad), max(0, wy1 - pad)
+        px2, py2 = min(size, wx2 + pad), min(size, wy2 + pad)
+        region = labels[py1:py2, px1:px2]
+        keep = np.isin(region, members)
+        glyph_px = crop[py1:py2, px1:px2][keep]
+        ground = crop[py1:py2, px1:px2][region == 0]
+        if glyph_px.size == 0 or ground.size < 4:
+            continue
+        if abs(float(np.median(glyph_px)) - float(np.median(ground))) < 70:
+            continue
+        if calm and float(np.std(ground)) > 35:
+            continue
+        found.append(((wx1, wy1, wx2, wy2), (px1, py1, px2, py2), keep))
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# parts
+
+
+def _merge_overlapping(boxes: np.ndarray) -> np.ndarray:
+    """Union boxes that overlap, until no two overlap. ``boxes`` is (n, 4) int, exclusive."""
+    boxes = boxes.copy()
+    alive = np.ones(len(boxes), dtype=bool)
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(boxes)):
+            if not alive[i]:
+                continue
+            while True:
+                b = boxes[i]
+                hit = (
+                    alive
+                    & (boxes[:, 0] < b[2])
+                    & (boxes[:, 2] > b[0])
+                    & (boxes[:, 1] < b[3])
+                    & (boxes[:, 3] > b[1])
+                )
+                hit[i] = False
+                if not hit.any():
+                    break
+                group = boxes[hit]
+                boxes[i] = (
+                    min(b[0], group[:, 0].min()),
+                    min(b[1], group[:, 1].min()),
+                    max(b[2], group[:, 2].max()),
+                    max(b[3], group[:, 3].max()),
+                )
+                alive[hit] = False
+                changed = True
+    return boxes[alive]
+
+
+class _EdgeMaps:
+    """Colour steps across two pixels (dx: horizontal, dy: vertical) and running sums of them and
+    of the ink mask, so that any box's column/row profiles cost O(box side)."""
+
+    def __init__(self, rgb: np.ndarray, mask: np.ndarray) -> None:
+        self.rgb = rgb
+        self.mask = mask
+        self._cache: dict[str, np.ndarray] = {}
+
+    @staticmethod
+    def _steps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        d = cv2.absdiff(a, b)
+        return np.maximum(np.maximum(d[:, :, 0], d[:, :, 1]), d[:, :, 2])
+
+    def steps(self, axis: int) -> np.ndarray:
+        key = f"d{axis}"
+        if key not in self._cache:
+            out = np.zeros(self.rgb.shape[:2], dtype=np.uint8)
+            if axis == 0:
+                out[:, 1:-1] = self._steps(self.rgb[:, 2:], self.rgb[:, :-2])
+            else:
+                out[1:-1, :] = self._steps(self.rgb[2:], self.rgb[:-2])
+            self._cache[key] = out
+        return self._cache[key]
+
+    def _integral(self, key: str) -> np.ndarray:
+        if key not in self._cache:
+            if key.startswith("step"):
+                values = self.steps(int(key[-1]))
+            elif key.startswith("steady"):
+                values = (self.steps(int(key[-1])) >= 24).astype(np.uint8)
+            else:
+                values = self.mask.astype(np.uint8)
+            self._cache[key] = cv2.integral(values)
+        return self._cache[key]
+
+    def profile(self, kind: str, box: IntBox, axis: int) -> np.ndarray:
+        """Mean over the box of ``kind`` ("step", "steady", "ink") per column (axis 0) or row."""
+        x1, y1, x2, y2 = box
+        run = self._integral(kind if kind == "ink" else f"{kind}{axis}")
+        if axis == 0:
+            cols = (run[y2, x1 : x2 + 1] - run[y1, x1 : x2 + 1]).astype(np.float64)
+            return np.diff(cols) / float(max(1, y2 - y1))
+        rows = (run[y1 : y2 + 1, x2] - run[y1 : y2 + 1, x1]).astype(np.float64)
+        return np.diff(rows) / float(max(1, x2 - x1))
+
+
+def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | None:
+    """Offset of a straight boundary through the whole part (0: vertical line, 1: horizontal):
+    a line of background colour, or a colour step present in most rows that stands far above the
+    steps next to it (two images touching, 0-px gutter)."""
+    x1, y1, x2, y2 = box
+    length = (x2 - x1) if axis == 0 else (y2 - y1)
+    margin = max(3, round(3 * u))
+    if length < 2 * margin + 3:
+        return None
+    ink = edges.profile("ink", box, axis)
+    white = 1.0 - ink
+    dense_part = float(ink.mean()) >= 0.85
+    if dense_part:  # inside an image, a line of background colour separates two
+        separators = np.flatnonzero(white[margin : length - margin] >= 0.9)
+        if separators.size:
+            return int(separators[separators.size // 2]) + margin
+    strength = edges.profile("step", box, axis)
+    inner = strength[margin : length - margin]
+    if inner.size == 0 or float(inner.max()) < 20.0:
+        return None
+    steady = edges.profile("steady", box, axis)
+    d = edges.steps(axis)[y1:y2, x1:x2]
+    lines = d.T if axis == 0 else d  # one row per candidate line position
+    for c in np.argsort(-inner)[:6]:
+        c = int(c) + margin
+        if strength[c] < 20.0:
+            break
+        # the step must stand out from the steps parallel to it, line position by position
+        step = lines[c - 1 : c + 2].max(axis=0).astype(np.float32)
+        context = np.concatenate([lines[max(0, c - 10) : c - 3], lines[c + 4 : c + 11]]).astype(np.float32)
+        local = np.median(context, axis=0) if context.size else np.zeros_like(step)
+        contrast = float((step >= np.maximum(24.0, 2.0 * local + 8.0)).mean())
+        if contrast < 0.6:
+            continue
+        # a repeated straight feature (stripes, lattice fringes, grids) is texture, not a boundary
+        strong = np.flatnonzero((inner >= 0.5 * strength[c]) & (steady[margin : length - margin] >= 0.4))
+        peaks = 1 + int(np.count_nonzero(np.diff(strong) > 3)) if strong.size else 0
+        if peaks > 5:
+            continue
+        if not dense_part:
+            # a blob of touching panels: along the line, an image lies on one side at least
+            # (inside a plot, lines such as curves or grid lines have no image beside them)
+            band = max(3, round(u))
+            m = mask[y1:y2, x1:x2]
+            mlines = m.T if axis == 0 else m
+            before = mlines[max(0, c - band) : c].mean(axis=0)
+            after = mlines[c + 1 : c + 1 + band].mean(axis=0)
+            if float((np.maximum(before, after) >= 0.9).mean()) < 0.8:
+                continue
+        return c
+    return None
+
+
+def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, depth: int = 0) -> list[IntBox]:
+    """Guillotine-split a part along straight boundaries: dense parts (images), and big parts of
+    any kind (touching panels join plots and images into one blob)."""
+    x1, y1, x2, y2 = box
+    if depth > 6 or min(x2 - x1, y2 - y1) < 8 * u:
+        return [box]
+    fill = float(mask[y1:y2, x1:x2].mean())
+    if fill < 0.85 and (x2 - x1) * (y2 - y1) < 0.1 * mask.size:
+        return [box]
+    for axis in (0, 1):
+        offset = _best_split(mask, edges, box, u, axis)
+        if offset is None:
+            continue
+        if axis == 0:
+            left, right = (x1, y1, x1 + offset, y2), (x1 + offset, y1, x2, y2)
+        else:
+            left, right = (x1, y1, x2, y1 + offset), (x1, y1 + offset, x2, y2)
+        out: list[IntBox] = []
+        for piece in (left, right):
+            tight = _tight(mask, piece)
+            if tight is not None:
+                out.extend(_split_dense(mask, edges, tight, u, depth + 1))
+        return out
+    return [box]
+
+
+# --------------------------------------------------------------------------------------------
+# clustering
+
+
+def _cluster(
+    parts: list[IntBox],
+    major: list[bool],
+    dense: list[bool],
+    anchors: list[int],
+    u: float,
+    fig_area: float,
+) -> list[_Cluster]:
+    clusters = []
+    for b, m, d, a in zip(parts, major, dense, anchors, strict=True):
+        area = (b[2] - b[0]) * (b[3] - b[1])
+        clusters.append(
+            _Cluster(box=list(b), major=m, area=area, anchor=a, dense=d and m, largest=area if m else 0)
+        )
+    n = len(clusters)
+    if n <= 1:
+        return clusters
+    has_labels = sum(1 for a in anchors if a >= 0) >= 2
+    text_gap = 3.0 * u
+    sub_gap = 4.0 * u  # unlabelled drawing pieces join a labelled neighbour
+    touch_gap = max(2.0, 0.4 * u)  # unlabelled images join a labelled one only when nearly touching
+    small_gap = 2.0 * u  # a much smaller part (legend, colour bar) joins a neighbour
+
+    boxes = np.array([c.box for c in clusters], dtype=np.float64)
+
+    def gaps_to(i: int) -> np.ndarray:
+        b = boxes[i]
+        dx = np.maximum(0.0, np.maximum(boxes[:, 0], b[0]) - np.minimum(boxes[:, 2], b[2]))
+        dy = np.maximum(0.0, np.maximum(boxes[:, 1], b[1]) - np.minimum(boxes[:, 3], b[3]))
+        return np.maximum(dx, dy) + 0.5 * np.minimum(dx, dy)
+
+    def threshold(i: int, j: int) -> float:
+        a, b = clusters[i], clusters[j]
+        if a.anchor >= 0 and b.anchor >= 0 and a.anchor != b.anchor:
+            return -1.0
+        if not a.major or not b.major:
+            return text_gap
+        small, large = sorted((a.largest, b.largest))
+        if small < 0.3 * large and small < 0.05 * fig_area:
+            return small_gap
+        if has_labels:
+            if a.dense and b.dense:
+                # an unlabelled image joins a labelled one it (nearly) touches: sub-images
+                return touch_gap if (a.anchor >= 0) != (b.anchor >= 0) else -1.0
+            if a.dense or b.dense:
+                return touch_gap  # an image and a drawing are one panel only when touching
+            return sub_gap
+        return -1.0
+
+    gap = np.full((n, n), np.inf)
+    for i in range(n):
+        gap[i] = gaps_to(i)
+    gap[np.arange(n), np.arange(n)] = np.inf
+    limit = np.full((n, n), -1.0)
+    for i in range(n):
+        for j in range(i + 1, n):
+            if gap[i, j] <= text_gap + sub_gap:
+                limit[i, j] = limit[j, i] = threshold(i, j)
+    alive = np.ones(n, dtype=bool)
+    blocked = np.zeros((n, n), dtype=bool)
+
+    while True:
+        candidate = np.where((gap <= limit) & ~blocked, gap, np.inf)
+        flat = int(np.argmin(candidate))
+        i, j = divmod(flat, n)
+        if not np.isfinite(candidate[i, j]):
+            break
+        # the union must not overlap clusters it may not absorb
+        group = {i, j}
+        anchor = clusters[i].anchor if clusters[i].anchor >= 0 else clusters[j].anchor
+        ub = [
+            min(boxes[i, 0], boxes[j, 0]),
+            min(boxes[i, 1], boxes[j, 1]),
+            max(boxes[i, 2], boxes[j, 2]),
+            max(boxes[i, 3], boxes[j, 3]),
+        ]
+        ok = True
+        while True:
+            inside = (
+                alive
+                & (boxes[:, 0] < ub[2])
+                & (boxes[:, 2] > ub[0])
+                & (boxes[:, 1] < ub[3])
+                & (boxes[:, 3] > ub[1])
+            )
+            extra = [int(k) for k in np.flatnonzero(inside) if int(k) not in group]
+            if not extra:
+                break
+            for k in extra:
+                ka = clusters[k].anchor
+                if ka >= 0 and anchor >= 0 and ka != anchor:
+                    ok = False
+                    break
+                # a panel-sized cluster is swallowed only if it could have merged on its own
+                if clusters[k].major and threshold(i, k) < 0 and threshold(j, k) < 0:
+                    ok = False
+                    break
+                if ka >= 0:
+                    anchor = ka
+                group.add(k)
+                ub = [
+                    min(ub[0], boxes[k, 0]),
+                    min(ub[1], boxes[k, 1]),
+                    max(ub[2], boxes[k, 2]),
+                    max(ub[3], boxes[k, 3]),
+                ]
+            if not ok:
+                break
+        if not ok:
+            blocked[i, j] = blocked[j, i] = True
+            continue
+        keep = i
+        for k in group:
+            if k == keep:
+                continue
+            clusters[keep].major = clusters[keep].major or clusters[k].major
+            clusters[keep].area += clusters[k].area
+            if clusters[k].largest > clusters[keep].largest:
+                clusters[keep].largest = clusters[k].largest
+                clusters[keep].dense = clusters[k].dense
+            clusters[k].alive = False
+            alive[k] = False
+            gap[k, :] = np.inf
+            gap[:, k] = np.inf
+            limit[k, :] = -1.0
+            limit[:, k] = -1.0
+        clusters[keep].anchor = anchor
+        clusters[keep].box = [int(v) for v in ub]
+        boxes[keep] = ub
+        kept = clusters[keep]
+        bw, bh = ub[2] - ub[0], ub[3] - ub[1]
+        if not kept.major and len(group) >= 2 and min(bw, bh) >= 4.0 * u and bw * bh >= 60.0 * u * u:
+            # a block of text and rules (a table) is panel-sized content of its own
+            kept.major, kept.largest, kept.dense = True, int(bw * bh), False
+        row = gaps_to(keep)
+        row[~alive] = np.inf
+        row[keep] = np.inf
+        gap[keep, :] = row
+        gap[:, keep] = row
+        blocked[keep, :] = False
+        blocked[:, keep] = False
+        for near in np.flatnonzero(alive & (row <= text_gap + sub_gap)):
+            other = int(near)
+            if other != keep:
+                limit[keep, other] = limit[other, keep] = threshold(keep, other)
+    return [c for c in clusters if c.alive]
+
+
+# --------------------------------------------------------------------------------------------
+# the segmenter
+
+
+def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = None) -> list[PanelCandidate]:
+    """Panel boxes (figure pixels, x2/y2 exclusive) with a confidence each.
+
+    ``labels`` are optional known panel-label detections (figure coordinates); their glyphs are
+    kept out of the boxes and each heads its own panel. Without them, label glyphs are guessed
+    from connected components.
+    """
+    rgb = _as_rgb(image)
+    height, width = rgb.shape[:2]
+    if height == 0 or width == 0:
+        return []
+    full_mask = ink_mask(rgb)
+    if not full_mask.any():
+        return []
+    if height < MIN_SIDE or width < MIN_SIDE:
+        box = _tight(full_mask, (0, 0, width, height))
+        return [PanelCandidate(box=_float_box(box), confidence=0.3)] if box else []
+
+    _remove_border_rules(full_mask)
+    factor = max(1, math.ceil(max(height, width) / MAX_ANALYSIS_SIDE))
+    if factor > 1:
+        mask = _downscale_max(full_mask, factor)
+        small = cv2.resize(rgb, (mask.shape[1], mask.shape[0]), interpolation=cv2.INTER_AREA)
+        edges = _EdgeMaps(small, mask)
+    else:
+        mask = full_mask
+        edges = _EdgeMaps(rgb, mask)
+    mh, mw = mask.shape
+    mask_u8 = mask.astype(np.uint8)
+
+    _, cc_labels, cc_stats, _ = cv2.connectedComponentsWithStats(mask_u8, connectivity=8)
+    u = _text_unit(cc_stats, mh, mw)
+    glyphs = _label_candidates(mask_u8, cc_labels, cc_stats, u)
+    if factor == 1:
+        _remember(
+            image, Analysis(gray=cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY), mask=mask_u8, glyphs=glyphs, u=u)
+        )
+
+    # label boxes: given, or guessed from components
+    given: list[IntBox] = []
+    if labels:
+        for det in labels:
+            x1, y1, x2, y2 = det.box
+            given.append(
+                (
+                    max(0, int(x1 // factor)),
+                    max(0, int(y1 // factor)),
+                    min(mw, math.ceil(x2 / factor)),
+                    min(mh, math.ceil(y2 / factor)),
+                )
+            )
+    content = mask_u8.copy()
+    candidate_boxes: list[IntBox] = []
+    if given:
+        for b in given:
+            content[b[1] : b[3], b[0] : b[2]] = 0
+        candidate_boxes = given
+    else:
+        for box, members in glyphs.words:
+            x1, y1, x2, y2 = box
+            region = glyphs.labels[y1:y2, x1:x2]
+            content[y1:y2, x1:x2][np.isin(region, members)] = 0
+            candidate_boxes.append(box)
+
+    edges.mask = content.astype(bool)
+    edges._cache.pop("ink", None)
+    parts, major = _parts(edges.mask, edges, u)
+    label_boxes, anchors = _anchor_labels(candidate_boxes, parts, major, glyphs.stats, u, trust=bool(given))
+    # rejected guesses are ordinary content again
+    if not given:
+        for box in candidate_boxes:
+            if box not in label_boxes:
+                parts.append(box)
+                major.append(False)
+                anchors.append(-1)
+    dense = [float(content[b[1] : b[3], b[0] : b[2]].mean()) >= 0.85 for b in parts]
+    # image parts with a label printed inside a corner head their own panel too (only when the
+    # gutters hold no labels; one corner for the whole figure, shared by most of its images)
+    outside = sum(1 for a in anchors if a >= 0)
+    if True:
+        gray = cv2.cvtColor(edges.rgb, cv2.COLOR_RGB2GRAY)
+        images = [k for k in range(len(parts)) if major[k] and dense[k] and anchors[k] < 0]
+        hits: dict[str, list[int]] = {}
+        for corners in (("tl",), ("tr", "bl", "br")):  # the usual corner first
+            for k in images:
+                for corner in {g.corner for g in corner_glyphs(gray, parts[k], u, corners, otsu=False)}:
+                    hits.setdefault(corner, []).append(k)
+            if len(hits.get("tl", [])) >= max(2, 0.5 * len(images)):
+                break
+        if hits:
+            corner = max(hits, key=lambda c: (len(hits[c]), c == "tl"))
+            # beside labels in the gutters, a few images with corner text are overlays, not labels
+            if len(hits[corner]) >= max(2 if outside < 2 else 3, 0.5 * len(images)):
+                next_anchor = len(label_boxes)
+                for k in hits[corner]:
+                    anchors[k] = next_anchor
+                    next_anchor += 1
+    clusters = _cluster(parts, major, dense, anchors, u, float(mh * mw))
+
+    keep_mask = content.astype(bool)
+    for box in candidate_boxes:
+        if box not in label_boxes:
+            x1, y1, x2, y2 = box
+            keep_mask[y1:y2, x1:x2] |= mask[y1:y2, x1:x2]
+    results: list[PanelCandidate] = []
+    min_major = 4.0 * u
+    for cluster in clusters:
+        cb = cluster.box
+        w, h = cb[2] - cb[0], cb[3] - cb[1]
+        if not cluster.major and not (min(w, h) >= min_major and w * h >= 0.02 * mh * mw):
+            continue
+        tight = _tight(keep_mask, (cb[0], cb[1], cb[2], cb[3]))
+        if tight is None:
+            continue
+        if factor > 1:
+            x1, y1, x2, y2 = tight
+            full_box = (x1 * factor, y1 * factor, min(width, x2 * factor), min(height, y2 * factor))
+            refined = _tight(full_mask, full_box)
+            if refined is None:
+                continue
+            tight = refined
+        confidence = 0.9 if cluster.anchor >= 0 else (0.7 if cluster.major else 0.5)
+        results.append(PanelCandidate(box=_float_box(tight), confidence=confidence))
+    if not results:
+        box = _tight(full_mask, (0, 0, width, height))
+        if box is not None:
+            results.append(PanelCandidate(box=_float_box(box), confidence=0.3))
+    return results
+
+
+def _parts(content: np.ndarray, edges: _EdgeMaps, u: float) -> tuple[list[IntBox], list[bool]]:
+    """Blobs of content ink (1-2 px gaps bridged), overlapping boxes merged, dense ones split."""
+    dilated = cv2.dilate(content.astype(np.uint8), np.ones((3, 3), np.uint8))
+    n, _, stats, _ = cv2.connectedComponentsWithStats(dilated, connectivity=8)
+    if n <= 1:
+        return [], []
+    raw = np.stack(
+        [stats[1:, 0], stats[1:, 1], stats[1:, 0] + stats[1:, 2], stats[1:, 1] + stats[1:, 3]], axis=1
+    ).astype(np.int64)
+    # drop specks (JPEG noise): blobs whose dilated box is at most 3x3 px
+    raw = raw[(raw[:, 2] - raw[:, 0] > 3) | (raw[:, 3] - raw[:, 1] > 3)]
+    merged = _merge_overlapping(raw)
+    parts: list[IntBox] = []
+    major: list[bool] = []
+    for row in merged:
+        tight = _tight(content, (int(row[0]), int(row[1]), int(row[2]), int(row[3])))
+        if tight is None:
+            continue
+        for piece in _split_dense(content, edges, tight, u):
+            parts.append(piece)
+            major.append(_is_major(content, piece, u))
+    return parts, major
+
+
+def _is_major(content: np.ndarray, box: IntBox, u: float) -> bool:
+    """Panel-sized content: big enough, and crossed somewhere by a long run of ink (an image,
+    an axis line, a drawing) rather than a loose scatter of glyphs (rotated tick labels)."""
+    x1, y1, x2, y2 = box
+    w, h = x2 - x1, y2 - y1
+    if min(w, h) < 3.0 * u or w * h < 20.0 * u * u:
+        return False
+    crop = content[y1:y2, x1:x2]
+    return bool(crop.sum(axis=1).max() >= 0.45 * w or crop.sum(axis=0).max() >= 0.45 * h)
+
+
+def _anchor_labels(
+    candidates: list[IntBox],
+    parts: list[IntBox],
+    major: list[bool],
+    stats: np.ndarray,
+    u: float,
+    *,
+    trust: bool,
+) -> tuple[list[IntBox], list[int]]:
+    """Which label candidates head a panel, and the part each one anchors.
+
+    Returns the accepted label boxes and, per part, the index of its anchoring label (-1: none).
+    """
+    anchors = [-1] * len(parts)
+    accepted: list[tuple[IntBox, int]] = []
+    for box in candidates:
+        x1, y1, x2, y2 = box
+        gh = y2 - y1
+        if not trust and _in_series(box, stats, u):
+            continue  # a y-axis tick label: same-size glyphs right-aligned above or below it
+        best, best_cost = -1, math.inf
+        for k, p in enumerate(parts):
+            # a label heads panel-sized content lying to its right and/or below it
+            if not major[k]:
+                continue
+            if p[2] < x2 + 0.5 * gh or p[3] < y2 + 0.5 * gh:
+                continue
+            at_corner = p[0] <= x1 and p[1] <= y1 and x1 - p[0] <= 2.5 * gh and y1 - p[1] <= 2.5 * gh
+            if (p[0] < x1 - gh or p[1] < y1 - gh) and not at_corner:
+                continue
+            gap = _box_gap(box, p)
+            if gap > max(6.0 * min(gh, 2.0 * u), 8.0 * u):
+                continue
+            cost = gap
+            if cost < best_cost:
+                best, best_cost = k, cost
+        if best < 0:
+            continue
+        if not trust:
+            # a glyph inside some other part (not at its top-left corner) is in-panel text
+            inside = False
+            for k, p in enumerate(parts):
+                if k == best or not major[k]:
+                    continue
+                contains = p[0] <= x1 and p[1] <= y1 and p[2] >= x2 and p[3] >= y2
+                if contains and (x1 - p[0] > 2.5 * gh or y1 - p[1] > 2.5 * gh):
+                    inside = True
+                    break
+            if inside:
+                continue
+        accepted.append((box, best))
+    if not trust and accepted:
+        heights = np.array([b[3] - b[1] for b, _ in accepted], dtype=np.float64)
+        typical = float(np.median(heights))
+        accepted = [(b, k) for b, k in accepted if 0.6 * typical <= b[3] - b[1] <= 1.7 * typical]
+        # one label per anchored part: the top-left-most wins
+        accepted.sort(key=lambda item: item[0][1] + item[0][0])
+        seen: set[int] = set()
+        unique: list[tuple[IntBox, int]] = []
+        for b, k in accepted:
+            if k in seen:
+                continue
+            seen.add(k)
+            unique.append((b, k))
+        accepted = unique
+    boxes: list[IntBox] = []
+    for index, (b, k) in enumerate(accepted):
+        boxes.append(b)
+        if anchors[k] < 0:
+            anchors[k] = index
+    return boxes, anchors

@@ -1,0 +1,633 @@
+"""Caption splitting (p2p.mining.captions) and its evaluator (p2p.mining.eval_captions).
+
+Every caption here is written for the test; nothing is read from shared data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from p2p.mining.captions import (
+    expand_label_expression,
+    find_marker_mentions,
+    normalize_label,
+    split_caption,
+    to_prostate_convention,
+)
+from p2p.mining.eval_captions import (
+    _score,
+    evaluate_prostate,
+    evaluate_real_figures,
+    main,
+    normalize_for_compare,
+    token_f1,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Label helpers
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        ("(a)", "a"),
+        ("A.", "A"),
+        (" b) ", "b"),
+        ("(ii)", "ii"),
+        ("[C]", "C"),
+        ("1a", "1a"),
+        ("(B1)", "B1"),
+        ("\uff08a\uff09", "a"),  # full-width brackets from OCR
+        ("(B, C)", "B,C"),
+        ("a\u2013c", "a-c"),
+        ("Left panel:", "left"),
+        ("Top:", "top"),
+        ("", ""),
+    ],
+)
+def test_normalize_label(token: str, expected: str) -> None:
+    assert normalize_label(token) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("B-D", ["B", "C", "D"]),
+        ("a\u2013c", ["a", "b", "c"]),
+        ("(D-F)", ["D", "E", "F"]),
+        ("(B, C)", ["B", "C"]),
+        ("B and C", ["B", "C"]),
+        ("(a,b)", ["a", "b"]),
+        ("((a), (b))", ["a", "b"]),
+        ("(c, d, and e)", ["c", "d", "e"]),
+        ("A to C", ["A", "B", "C"]),
+        ("ii-iv", ["ii", "iii", "iv"]),
+        ("(i)", ["i"]),
+        ("1a-1c", ["1a", "1b", "1c"]),
+        ("B1-B3", ["B1", "B2", "B3"]),
+        ("2-4", ["2", "3", "4"]),
+        ("Left panel", ["left"]),
+        ("A", ["A"]),
+    ],
+)
+def test_expand_label_expression(expression: str, expected: list[str]) -> None:
+    assert expand_label_expression(expression) == expected
+
+
+@pytest.mark.parametrize(
+    "expression", ["D-B", "A-c", "H & E", "hello", "", "(n = 3)", "p530", "IL-6x", "(", "A-"]
+)
+def test_expand_label_expression_rejects_non_labels(expression: str) -> None:
+    assert expand_label_expression(expression) == []
+
+
+def test_expand_label_expression_roman_switch() -> None:
+    assert expand_label_expression("i-v") == ["i", "ii", "iii", "iv", "v"]
+    assert expand_label_expression("i-v", roman=False) == list("ijklmnopqrstuv")
+
+
+# ---------------------------------------------------------------------------------------------
+# Label conventions
+# ---------------------------------------------------------------------------------------------
+
+
+def test_parenthesised_labels_preamble_and_shared_trailing() -> None:
+    caption = (
+        "Hsp-27 in prostate tissue. (A) Normal gland. (B) Hyperplastic epithelium. "
+        "(C) Carcinoma with strong staining. Scale bars, 50 \u00b5m."
+    )
+    split = split_caption(caption)
+    assert split.preamble == "Hsp-27 in prostate tissue."
+    assert split.labels_in_order == ["A", "B", "C"]
+    assert split.shared_trailing == ["Scale bars, 50 \u00b5m."]
+    assert split.subcaptions == {
+        "A": "(A) Normal gland. Scale bars, 50 \u00b5m.",
+        "B": "(B) Hyperplastic epithelium. Scale bars, 50 \u00b5m.",
+        "C": "(C) Carcinoma with strong staining. Scale bars, 50 \u00b5m.",
+    }
+    assert split.own_fragments["B"] == ["(B) Hyperplastic epithelium."]
+
+
+def test_bare_dot_and_comma_labels() -> None:
+    dot = split_caption("Tumour sections. A. H&E staining. B. Ki-67 staining. C. p53 staining.")
+    assert dot.subcaptions == {"A": "A. H&E staining.", "B": "B. Ki-67 staining.", "C": "C. p53 staining."}
+    comma = split_caption(
+        "Glucose transporter in tumours. A, prostate tumour; B, thyroid tumour; C, gastric tumour."
+    )
+    assert comma.preamble == "Glucose transporter in tumours."
+    assert comma.subcaptions == {
+        "A": "A, prostate tumour;",
+        "B": "B, thyroid tumour;",
+        "C": "C, gastric tumour.",
+    }
+
+
+def test_bare_labels_in_nature_style_with_ranges_and_lists() -> None:
+    caption = (
+        "Formation of the pattern. a, b Schematic of the process (a) and summary (b) of the effects. "
+        "c\u2013e SEM images of BM (c), PM (d) and SMNp (e) showing plates. f Overview of the sample."
+    )
+    split = split_caption(caption)
+    assert split.preamble == "Formation of the pattern."
+    assert split.labels_in_order == ["a", "b", "c", "d", "e", "f"]
+    ab = "a, b Schematic of the process (a) and summary (b) of the effects."
+    ce = "c\u2013e SEM images of BM (c), PM (d) and SMNp (e) showing plates."
+    assert split.subcaptions["a"] == split.subcaptions["b"] == ab
+    assert split.subcaptions["c"] == split.subcaptions["d"] == split.subcaptions["e"] == ce
+    assert split.subcaptions["f"] == "f Overview of the sample."
+
+
+@pytest.mark.parametrize(
+    ("caption", "expected"),
+    [
+        (
+            "Mice. (A-C) Control mice. (D\u2013F) Treated mice.",
+            {"A": "(A-C) Control mice.", "F": "(D\u2013F) Treated mice."},
+        ),
+        ("Mice. (B, C) Two panels. (A) One panel.", {"B": "(B, C) Two panels.", "C": "(B, C) Two panels."}),
+        ("Overview. A, control. B and C, treated with drug.", {"C": "B and C, treated with drug."}),
+        ("(a,b) Images of cells. (c) Plot.", {"b": "(a,b) Images of cells.", "c": "(c) Plot."}),
+        (
+            "(A) Carcinoid tumor, (B) and C) adenocarcinoma.",
+            {"B": "(B) and C) adenocarcinoma.", "C": "(B) and C) adenocarcinoma."},
+        ),
+        ("(c, d, and e) Sarcoma. (f) Stroma.", {"d": "(c, d, and e) Sarcoma.", "f": "(f) Stroma."}),
+        ("A) First panel. B) Second panel.", {"A": "A) First panel.", "B": "B) Second panel."}),
+        (
+            "A and C: 100x. B and D: 400x.",
+            {"A": "A and C: 100x.", "B": "B and D: 400x.", "D": "B and D: 400x."},
+        ),
+    ],
+)
+def test_ranges_lists_and_forms(caption: str, expected: dict[str, str]) -> None:
+    subcaptions = split_caption(caption).subcaptions
+    for label, text in expected.items():
+        assert subcaptions[label] == text
+
+
+def test_compound_roman_and_position_labels() -> None:
+    assert split_caption("(1a) Left lobe. (1b) Right lobe.").subcaptions == {
+        "1a": "(1a) Left lobe.",
+        "1b": "(1b) Right lobe.",
+    }
+    assert split_caption("(B1) Normal tissue; (B2) BPH; (B3) carcinoma.").labels_in_order == [
+        "B1",
+        "B2",
+        "B3",
+    ]
+    roman = split_caption("Lesions. (i) Normal gland. (ii) Hyperplasia. (iii) Carcinoma.")
+    assert roman.labels_in_order == ["i", "ii", "iii"]
+    assert roman.subcaptions["ii"] == "(ii) Hyperplasia."
+    positions = split_caption("Left panel: H&E staining. Right panel: IL-6 immunostaining.")
+    assert positions.subcaptions == {
+        "left": "Left panel: H&E staining.",
+        "right": "Right panel: IL-6 immunostaining.",
+    }
+    hinted = split_caption("Top: H&E. Bottom: IHC for p63.", labels=["Top", "Bottom"])
+    assert hinted.subcaptions == {"Top": "Top: H&E.", "Bottom": "Bottom: IHC for p63."}
+
+
+def test_lowercase_and_uppercase_do_not_mix() -> None:
+    split = split_caption("(A) Control. (B) Treated; significant at P < 0.05 (a) versus control.")
+    assert split.labels_in_order == ["A", "B"]
+    assert split.subcaptions["B"] == "(B) Treated; significant at P < 0.05 (a) versus control."
+
+
+def test_post_positioned_labels() -> None:
+    caption = (
+        "Receptor expression. Tissue from a patient was stained for LDLR (a); a consecutive area "
+        "was stained for SR-BI (b). Tumour biopsies were analysed for SR-BI (c). "
+        "Green = high expression."
+    )
+    split = split_caption(caption)
+    assert split.preamble == "Receptor expression."
+    assert (
+        split.subcaptions["a"] == "Tissue from a patient was stained for LDLR (a); Green = high expression."
+    )
+    assert split.subcaptions["b"] == "a consecutive area was stained for SR-BI (b). Green = high expression."
+    prostate = to_prostate_convention(split)
+    assert prostate["a"] == (
+        "Receptor expression. Tissue from a patient was stained for LDLR. Green = high expression."
+    )
+    assert (
+        prostate["c"]
+        == "Receptor expression. Tumour biopsies were analysed for SR-BI. Green = high expression."
+    )
+
+
+def test_group_then_members() -> None:
+    caption = (
+        "Ureter. ((a), (b)) Metastatic adenocarcinoma. (a) Low power view, (b) higher magnification. "
+        "(c) Biopsy."
+    )
+    split = split_caption(caption)
+    # The dangling comma before the next label is dropped (verbatim convention).
+    assert split.subcaptions["a"] == "((a), (b)) Metastatic adenocarcinoma. (a) Low power view"
+    assert split.subcaptions["b"] == "((a), (b)) Metastatic adenocarcinoma. (b) higher magnification."
+    assert split.subcaptions["c"] == "(c) Biopsy."
+
+
+def test_group_with_post_positioned_members() -> None:
+    caption = (
+        "Workflow. (A-C) Tissue was stained. The analysis depended on the pattern: epithelial area (A), "
+        "nuclei (B), or stroma (C). (D) Summary."
+    )
+    prostate = to_prostate_convention(split_caption(caption))
+    assert prostate["A"] == (
+        "Workflow. Tissue was stained. The analysis depended on the pattern: epithelial area"
+    )
+    assert prostate["C"] == "Workflow. Tissue was stained. The analysis depended on the pattern: or stroma"
+
+
+# ---------------------------------------------------------------------------------------------
+# Inline references never split
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "inline",
+    [
+        "of the SMNp (b) of the mouse",
+        "the same region as in Fig. 5b and Figure 2c",
+        "a rim; h, hole in the surface",
+        "the same area as in (A)",
+        "a lesion compared with B",
+        "a difference, P < 0.05 (a)",
+        "p53 and IL-6 after 5 h",
+        "replicates (n = 3)",
+        "the box (see C)",
+        "hematoxylin and eosin (H & E)",
+    ],
+)
+def test_inline_references_do_not_split(inline: str) -> None:
+    caption = f"Figure title. (A) First panel. (B) Second panel with {inline}. (C) Third panel."
+    split = split_caption(caption)
+    assert split.labels_in_order == ["A", "B", "C"]
+    assert split.subcaptions["B"] == f"(B) Second panel with {inline}."
+    assert split.subcaptions["C"] == "(C) Third panel."
+
+
+def test_out_of_sequence_bare_letter_is_text() -> None:
+    caption = (
+        "(a,b) BF and HAADF images of a nanocage (inset: FFT, Fig. 5b). h, hole in the surface. (c) Zoom."
+    )
+    split = split_caption(caption, labels=["a", "b", "c"])
+    assert (
+        split.subcaptions["a"]
+        == "(a,b) BF and HAADF images of a nanocage (inset: FFT, Fig. 5b). h, hole in the surface."
+    )
+    assert split.subcaptions["c"] == "(c) Zoom."
+
+
+def test_inline_reference_gives_text_to_a_panel_without_fragment() -> None:
+    caption = "(a) Spectra of the shells compared with (b) the standard. (c) Spectrum of Pd."
+    split = split_caption(caption, labels=["a", "b", "c"])
+    assert split.subcaptions["a"] == "(a) Spectra of the shells compared with (b) the standard."
+    assert split.subcaptions["b"] == split.subcaptions["a"]
+    assert split.subcaptions["c"] == "(c) Spectrum of Pd."
+
+
+# ---------------------------------------------------------------------------------------------
+# Distribution of shared text
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sentence_naming_several_panels_goes_to_them() -> None:
+    caption = (
+        "HAADF images of (a,b) the initial particles and (d,e) the hollow particles. To compare, the "
+        "scales are identical in a,d and in b,e. Distribution of sizes of (c) the initial particles "
+        "and (f) the hollow particles."
+    )
+    split = split_caption(caption, labels=list("abcdef"))
+    assert split.preamble == "HAADF images of"
+    scale = "To compare, the scales are identical in a,d and in b,e."
+    assert split.subcaptions["a"] == f"(a,b) the initial particles {scale}"
+    assert split.subcaptions["d"] == f"(d,e) the hollow particles. {scale}"
+    assert split.subcaptions["c"] == "Distribution of sizes of (c) the initial particles"
+    assert split.subcaptions["f"] == "Distribution of sizes of (f) the hollow particles."
+
+
+def test_trailing_sentences_go_to_the_panels_they_name() -> None:
+    caption = (
+        "Microscopy. a Overview image. b Line profile. c, d Simulated image (c) and ABF image (d) of the "
+        "same area. Scale bars, 1 nm (a) and 0.2 nm (c, d)"
+    )
+    split = split_caption(caption)
+    scale = "Scale bars, 1 nm (a) and 0.2 nm (c, d)"
+    assert split.subcaptions["a"] == f"a Overview image. {scale}"
+    assert split.subcaptions["b"] == "b Line profile."
+    assert split.subcaptions["d"] == f"c, d Simulated image (c) and ABF image (d) of the same area. {scale}"
+    assert split.shared_trailing == []
+
+
+def test_marker_legend_after_last_panel_is_shared() -> None:
+    caption = (
+        "(A) Control prostate. Glands are normal. (B) Treated prostate. The stroma is thick. "
+        "Arrows indicate tumour cells; asterisks mark necrosis."
+    )
+    split = split_caption(caption)
+    legend = "Arrows indicate tumour cells; asterisks mark necrosis."
+    assert split.shared_trailing == [legend]
+    assert split.subcaptions["A"] == f"(A) Control prostate. Glands are normal. {legend}"
+    assert split.subcaptions["B"] == f"(B) Treated prostate. The stroma is thick. {legend}"
+
+
+def test_statistics_footnote_stays_with_last_panel() -> None:
+    split = split_caption("(A) Images. (B) Quantification. *P < 0.05.")
+    assert split.shared_trailing == []
+    assert split.subcaptions["A"] == "(A) Images."
+    assert split.subcaptions["B"] == "(B) Quantification. *P < 0.05."
+
+
+def test_sentence_repeated_by_every_panel_is_not_shared() -> None:
+    caption = (
+        "(A) Small glands. Original magnification x200. (B) Large glands. Original magnification x200. "
+        "(C) Patchy glands. Original magnification x400."
+    )
+    split = split_caption(caption)
+    assert split.shared_trailing == []
+    assert split.subcaptions["C"] == "(C) Patchy glands. Original magnification x400."
+
+
+def test_marker_mentions() -> None:
+    assert find_marker_mentions("Arrows and arrowheads mark the boxed area; asterisk, inset.") == (
+        "arrow",
+        "arrowhead",
+        "box",
+        "asterisk",
+        "inset",
+    )
+    assert find_marker_mentions("outlined by a dashed line, a dotted circle and white squares") == (
+        "outlined",
+        "dashed line",
+        "dotted",
+        "circle",
+        "square",
+    )
+    assert find_marker_mentions("a star-shaped cell") == ("star",)
+    assert find_marker_mentions("no marker words; starting, boxer, insetting") == ()
+    caption = (
+        "(A) Gland (arrow). The basal layer is intact. (B) Tumour; the boxed area is enlarged in the inset."
+        " Scale bars, 50 um."
+    )
+    split = split_caption(caption)
+    assert [(f.text, f.mentions) for f in split.marker_fragments["A"]] == [("(A) Gland (arrow).", ("arrow",))]
+    assert [f.mentions for f in split.marker_fragments["B"]] == [("box", "inset")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Conventions
+# ---------------------------------------------------------------------------------------------
+
+
+def test_both_conventions() -> None:
+    caption = "Prostate cancer sections.(A) Whole tumour (x10). (B) Boxed area in A (x200). Bars, 50 um."
+    split = split_caption(caption, labels=["A", "B"])
+    assert split.subcaptions == {
+        "A": "(A) Whole tumour (x10). Bars, 50 um.",
+        "B": "(B) Boxed area in A (x200). Bars, 50 um.",
+    }
+    assert to_prostate_convention(split) == {
+        "A": "Prostate cancer sections. Whole tumour (x10). Bars, 50 um.",
+        "B": "Prostate cancer sections. Boxed area in A (x200). Bars, 50 um.",
+    }
+
+
+def test_prostate_convention_fullstop_and_connectors() -> None:
+    split = split_caption("Pictures of SOX9 staining(a) Negative, (b) weak and (c) Strong")
+    # Verbatim pieces lose the connector before the next label; own_fragments keep it.
+    assert split.subcaptions == {"a": "(a) Negative", "b": "(b) weak", "c": "(c) Strong"}
+    assert split.own_fragments["a"] == ["(a) Negative,"]
+    assert split.own_fragments["b"] == ["(b) weak and"]
+    # The preamble takes a full stop before a capitalised fragment only.
+    assert to_prostate_convention(split) == {
+        "a": "Pictures of SOX9 staining. Negative,",
+        "b": "Pictures of SOX9 staining weak and",
+        "c": "Pictures of SOX9 staining. Strong",
+    }
+
+
+def test_prostate_convention_per_panel_list() -> None:
+    caption = "(i) Normal gland. (ii) PIN lesion. (iii) Carcinoma. Scale bars: (i), 100 um; (ii-iii), 25 um."
+    split = split_caption(caption)
+    assert split.subcaptions["i"].endswith("Scale bars: (i), 100 um; (ii-iii), 25 um.")
+    prostate = to_prostate_convention(split)
+    assert prostate["i"] == "Normal gland. Scale bars: 100 um;"
+    assert prostate["iii"] == "Carcinoma. Scale bars: 25 um."
+
+
+# ---------------------------------------------------------------------------------------------
+# The labels hint
+# ---------------------------------------------------------------------------------------------
+
+
+def test_hint_makes_unknown_bare_letters_text() -> None:
+    caption = "a Control sample. b Treated sample. c A third sample."
+    assert split_caption(caption).labels_in_order == ["a", "b", "c"]
+    hinted = split_caption(caption, labels=["a", "b"])
+    assert hinted.labels_in_order == ["a", "b"]
+    assert hinted.subcaptions["b"] == "b Treated sample. c A third sample."
+
+
+def test_hint_case_and_superset() -> None:
+    split = split_caption("Sections. (a) Control. (b) Treated. Scale bars, 20 um.", labels=["A", "B", "C"])
+    assert split.subcaptions == {
+        "A": "(a) Control. Scale bars, 20 um.",
+        "B": "(b) Treated. Scale bars, 20 um.",
+        "C": "Scale bars, 20 um.",
+    }
+    assert to_prostate_convention(split)["C"] == "Sections. Scale bars, 20 um."
+
+
+def test_hint_subset_keeps_caption_labels() -> None:
+    split = split_caption("(A) Control. (B) Treated. (C) Knockout.", labels=["A", "C"])
+    assert split.subcaptions["A"] == "(A) Control."
+    assert split.subcaptions["B"] == "(B) Treated."
+    assert split.subcaptions["C"] == "(C) Knockout."
+
+
+def test_hint_labels_after_the_last_known_one_are_text() -> None:
+    caption = "Rats. Normal prostate (A), treated prostate (B). Other lesions (H) were rare."
+    split = split_caption(caption, labels=["A", "B"])
+    assert set(split.subcaptions) == {"A", "B"}
+    assert split.shared_trailing == ["Other lesions (H) were rare."]
+
+
+def test_hint_decides_roman_numerals() -> None:
+    caption = "(i) Normal. (ii) Hyperplasia. (v) Carcinoma."
+    assert split_caption(caption, labels=["i", "ii", "iii", "iv", "v"]).labels_in_order[:3] == [
+        "i",
+        "ii",
+        "v",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pathological input
+# ---------------------------------------------------------------------------------------------
+
+
+def test_empty_and_unlabelled_captions() -> None:
+    empty = split_caption("")
+    assert (empty.preamble, empty.subcaptions, empty.shared_trailing) == ("", {}, [])
+    assert split_caption("", labels=["A"]).subcaptions == {"A": ""}
+    assert split_caption("   ", labels=None).subcaptions == {}
+    plain = split_caption("A plain caption without panel labels.")
+    assert plain.subcaptions == {}
+    assert plain.preamble == "A plain caption without panel labels."
+    assert to_prostate_convention(plain) == {}
+    hinted = split_caption("A plain caption without panel labels.", labels=["A", "B"])
+    assert hinted.subcaptions == {
+        "A": "A plain caption without panel labels.",
+        "B": "A plain caption without panel labels.",
+    }
+    assert to_prostate_convention(hinted) == hinted.subcaptions
+
+
+@pytest.mark.parametrize(
+    "caption",
+    [
+        "((((( ))))) [[[ ]]] --- ,,, ;;; ... A. B. C.",
+        ")))((( a) b) c( (a",
+        "(A-Z) (Z-A) (a-\u00df) (i-xxxx) (1-999)",
+        "\x00\x01 (A) \ufffd\ufffd (B) \u200b",
+        "A" * 500,
+    ],
+)
+def test_garbage_does_not_crash(caption: str) -> None:
+    split = split_caption(caption)
+    assert isinstance(split.subcaptions, dict)
+    to_prostate_convention(split)
+    split_caption(caption, labels=["A", "b", "ii", "", "Top"])
+
+
+@pytest.mark.parametrize(
+    "caption",
+    [
+        "(a) " * 25_000,
+        "a, " * 33_333,
+        "a) " * 33_333,
+        "A. " * 33_333,
+        "(" * 100_000,
+        "a-" * 50_000,
+        " ".join(f"({chr(97 + i % 26)}) text" for i in range(12_500)),
+        ("Cells (A) stained for p53 (B) and IL-6 after 5 h; arrows mark nuclei. " * 1_500)[:100_000],
+        "x" * 100_000,
+    ],
+)
+def test_long_captions_are_fast(caption: str) -> None:
+    assert len(caption) >= 99_000
+    start = time.process_time()
+    split = split_caption(caption, labels=["a", "b", "c", "d"])
+    to_prostate_convention(split)
+    split_caption(caption)
+    assert time.process_time() - start < 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluator
+# ---------------------------------------------------------------------------------------------
+
+
+def test_token_f1_and_normalization() -> None:
+    assert token_f1("a b c", "a b d") == pytest.approx(2 / 3)
+    assert token_f1("a b b", "a b") == pytest.approx(0.8)
+    assert token_f1("A", "a") == 0.0  # case is kept
+    assert token_f1("", "") == 1.0
+    assert token_f1("", "x") == 0.0
+    assert normalize_for_compare("Same as (A) in  (B, C) and (n = 3) .", ["A", "B", "C"]) == (
+        "Same as in and (n = 3)."
+    )
+    assert normalize_for_compare("between (a) and (b).", ["a", "b"]) == "between."
+
+
+def test_missing_predicted_label_scores_zero() -> None:
+    records = [("r", "caption", ["A", "B"], {"A": "x y", "B": "z"})]
+    result = _score(records, lambda caption, labels: {"A": "x y"})
+    assert result["pairs"] == 2
+    assert result["exact"] == pytest.approx(0.5)
+    assert result["token_f1"] == pytest.approx(0.5)
+
+
+def _write_prostate(path: Path) -> None:
+    records = [
+        {
+            "id": "one",
+            "caption": "Title. (A) alpha beta. (B) gamma delta.",
+            "labels": ["A", "B"],
+            "subcaptions": {"A": "Title. alpha beta.", "B": "Title. gamma delta."},
+        },
+        {
+            "id": "two",
+            "caption": "(A) one two three four",
+            "labels": ["A", "B"],
+            "subcaptions": {"A": "one two three four", "B": "one two"},
+        },
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
+
+
+def test_evaluate_prostate_on_hand_made_records(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.jsonl"
+    _write_prostate(path)
+    result = evaluate_prostate(path, keep_failures=5)
+    assert result["captions"] == 2
+    assert result["subcaptions"] == 4
+    splitter = result["splitter"]
+    # Three pairs are exact; "B" of record two gets nothing (the caption never names it): F1 0.
+    assert splitter["exact"] == pytest.approx(0.75)
+    assert splitter["token_f1"] == pytest.approx(0.75)
+    assert splitter["failures"][0]["id"] == "two"
+    assert splitter["failures"][0]["label"] == "B"
+    whole = result["baseline_whole_caption"]
+    # "Title. alpha beta. gamma delta." vs "Title. alpha beta.": P 3/5, R 1 -> 0.75 (twice);
+    # record two: exact for A, "one two three four" vs "one two" -> 2/3 for B.
+    assert whole["exact"] == pytest.approx(0.25)
+    assert whole["token_f1"] == pytest.approx((0.75 + 0.75 + 1.0 + 2 / 3) / 4)
+    paren = result["baseline_paren_split"]
+    assert paren["exact"] == pytest.approx(0.75)
+
+
+def test_evaluate_real_figures_on_hand_made_annotations(tmp_path: Path) -> None:
+    annotations = {
+        "_notes": {"subcaptions": "verbatim"},
+        "fig1.jpg": {
+            "caption": "Title. a Foo bar. b Baz qux. Scale bars, 1 um (a)",
+            "panels": [{"label": "a"}, {"label": "b"}],
+            "subcaptions": {
+                "preamble": "Title.",
+                "a": "a Foo bar. Scale bars, 1 um (a)",
+                "b": "b Baz qux.",
+            },
+        },
+        "fig2.jpg": {
+            "caption": "(a) One. (b) Two.",
+            "panels": [{"label": "a"}, {"label": "b"}],
+            "subcaptions": {"preamble": "", "a": "(a) One.", "b": "(b) Two. Extra words"},
+        },
+    }
+    path = tmp_path / "annotations.json"
+    path.write_text(json.dumps(annotations), encoding="utf-8")
+    result = evaluate_real_figures(path)
+    assert result["captions"] == 2
+    assert result["subcaptions"] == 4
+    assert result["preamble_exact"] == 1.0
+    # fig2 b: "(b) Two." vs "(b) Two. Extra words" -> markers dropped: "Two." vs "Two. Extra words".
+    assert result["splitter"]["exact"] == pytest.approx(0.75)
+    assert result["splitter"]["token_f1"] == pytest.approx((3 + 2 * (1 * (1 / 3)) / (1 + 1 / 3)) / 4)
+
+
+def test_main_prints_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prostate = tmp_path / "tiny.jsonl"
+    _write_prostate(prostate)
+    out = tmp_path / "out" / "result.json"
+    assert main(["--prostate", str(prostate), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "baseline_paren_split" in printed and "prostate" in printed
+    saved = json.loads(out.read_text(encoding="utf-8"))
+    assert saved["prostate"]["splitter"]["exact"] == pytest.approx(0.75)

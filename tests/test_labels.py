@@ -1,0 +1,182 @@
+"""Panel labels: normalisation, reading order, sequence repair, and OCR on rendered labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from p2p.mining.cpu.labels import assign_labels, find_labels, normalize_label, reading_order
+from p2p.mining.cpu.segment import segment_panels
+from p2p.mining.types import LabelDetection, PanelCandidate
+
+FONT_DIR = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
+
+
+def font(size: int, name: str = "DejaVuSans-Bold.ttf") -> ImageFont.FreeTypeFont:
+    return ImageFont.truetype(str(FONT_DIR / name), size)
+
+
+def texture(rng: np.random.Generator, w: int, h: int, level: int) -> np.ndarray:
+    grey = np.clip(rng.normal(level, 10, (h, w)), 0, 215).astype(np.uint8)
+    return np.repeat(grey[:, :, None], 3, axis=2)
+
+
+def panel(box: tuple[float, float, float, float]) -> PanelCandidate:
+    return PanelCandidate(box=box, confidence=0.9)
+
+
+def detection(text: str, box: tuple[float, float, float, float], confidence: float = 0.9) -> LabelDetection:
+    return LabelDetection(text=text, box=box, confidence=confidence, raw=text)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("(a)", "a"),
+        ("a)", "a"),
+        ("A.", "A"),
+        ("[B]", "B"),
+        (" c ", "c"),
+        ("1a", "1a"),
+        ("(1b)", "1b"),
+        ("12", "12"),
+        ("ii", "ii"),
+        ("(iv)", "iv"),
+        ("IV", "IV"),
+        ("|", "l"),
+        ("", None),
+        ("()", None),
+        ("Fig", None),
+        ("0", None),
+        ("abc", None),
+        ("2.5", None),
+    ],
+)
+def test_normalize_label(raw: str, expected: str | None) -> None:
+    assert normalize_label(raw) == expected
+
+
+def test_reading_order_rows_then_columns() -> None:
+    grid = [
+        (300, 0, 400, 100),
+        (0, 0, 100, 100),
+        (150, 120, 250, 220),
+        (0, 120, 100, 220),
+        (150, 0, 250, 100),
+    ]
+    assert reading_order([panel(b) for b in grid]) == [1, 4, 0, 3, 2]
+    # a tall panel on the left with two stacked on the right: the left column comes first,
+    # and a stacked column is read top to bottom before the next column
+    layout = [(200, 0, 300, 90), (0, 0, 180, 200), (200, 110, 300, 200), (320, 0, 400, 200)]
+    assert reading_order([panel(b) for b in layout]) == [1, 0, 2, 3]
+    assert reading_order([]) == []
+
+
+def test_assign_labels_pairs_each_label_with_the_panel_it_heads() -> None:
+    panels = [panel((20, 20, 200, 200)), panel((240, 20, 420, 200)), panel((20, 240, 200, 420))]
+    labels = [
+        detection("b", (222, 2, 234, 16)),
+        detection("a", (2, 2, 14, 16)),
+        detection("c", (2, 222, 14, 236)),
+        detection("x", (120, 120, 132, 134)),  # text in the middle of a panel: not a label
+    ]
+    assert assign_labels(panels, labels) == ["a", "b", "c"]
+
+
+def test_unlabelled_panels_get_none_and_reading_order_is_the_fallback() -> None:
+    panels = [panel((240, 20, 420, 200)), panel((20, 20, 200, 200))]
+    assert assign_labels(panels, []) == [None, None]
+    assert reading_order(panels) == [1, 0]
+
+
+def test_sequence_repairs_confusable_readings() -> None:
+    boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(6)]
+    panels = [panel(b) for b in boxes]
+
+    def at(k: int, text: str, confidence: float = 0.9) -> LabelDetection:
+        x = boxes[k][0]
+        return detection(text, (x - 14, 2, x - 2, 16), confidence)
+
+    # OCR reads "C" for a lowercase c and "1" for l, in a lowercase series
+    got = assign_labels(panels, [at(0, "g"), at(1, "h"), at(2, "I"), at(3, "j"), at(4, "K"), at(5, "1")])
+    assert got == ["g", "h", "i", "j", "k", "l"]
+    got = assign_labels(panels, [at(0, "a"), at(1, "b"), at(2, "C"), at(3, "d"), at(4, "e"), at(5, "f")])
+    assert got == ["a", "b", "c", "d", "e", "f"]
+    series = [panel(b) for b in boxes[:4]]
+    got = assign_labels(series, [at(0, "i"), at(1, "j"), at(2, "k"), at(3, "1")])
+    assert got == ["i", "j", "k", "l"]
+    got = assign_labels(series, [at(0, "m"), at(1, "n"), at(2, "0"), at(3, "p")])
+    assert got == ["m", "n", "o", "p"]
+    got = assign_labels(series, [at(0, "p"), at(1, "q"), at(2, "r"), at(3, "5")])
+    assert got == ["p", "q", "r", "s"]
+    # a weak reading survives only where the series confirms it
+    got = assign_labels(series, [at(0, "a"), at(1, "b"), at(2, "x", 0.2), at(3, "d")])
+    assert got == ["a", "b", "c", "d"]
+
+
+def test_no_repair_without_a_clear_series() -> None:
+    boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(3)]
+    panels = [panel(b) for b in boxes]
+    labels = [detection(t, (b[0] - 14, 2, b[0] - 2, 16)) for t, b in zip(["A", "Q", "7"], boxes, strict=True)]
+    assert assign_labels(panels, labels) == ["A", "Q", "7"]
+
+
+def rendered_figure() -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+    """Three image panels labelled "A", "(b)", "C." printed outside, above-left of each."""
+    rng = np.random.default_rng(0)
+    image = np.full((300, 780, 3), 255, dtype=np.uint8)
+    boxes = [(40, 40, 260, 280), (300, 40, 520, 280), (560, 40, 770, 280)]
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for text, (x1, y1, _, _) in zip(["A", "(b)", "C."], boxes, strict=True):
+        draw.text((x1 - 34, y1 - 38), text, fill=(0, 0, 0), font=font(24))
+    image = np.asarray(pil).copy()
+    for x1, y1, x2, y2 in boxes:
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 110)
+    return image, boxes
+
+
+def test_ocr_reads_rendered_labels() -> None:
+    image, boxes = rendered_figure()
+    panels = segment_panels(image)
+    assert sorted(p.box for p in panels) == sorted(tuple(float(v) for v in b) for b in boxes)
+    detections = find_labels(image, panels)
+    assert {d.raw for d in detections} >= {"A", "(b)", "C."}
+    assigned = dict(zip((p.box for p in panels), assign_labels(panels, detections), strict=True))
+    assert [assigned[tuple(float(v) for v in b)] for b in boxes] == ["A", "b", "C"]
+    for det in detections:
+        assert 0.0 < det.confidence <= 1.0
+        x1, y1, x2, y2 = det.box
+        assert 0 <= x1 < x2 <= image.shape[1] and 0 <= y1 < y2 <= image.shape[0]
+
+
+def test_ocr_reads_white_labels_inside_dark_images() -> None:
+    rng = np.random.default_rng(1)
+    image = np.full((260, 540, 3), 255, dtype=np.uint8)
+    boxes = [(10, 10, 260, 250), (280, 10, 530, 250)]
+    for x1, y1, x2, y2 in boxes:
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 45)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for text, (x1, y1, _, _) in zip(["a", "b"], boxes, strict=True):
+        draw.text((x1 + 8, y1 + 2), text, fill=(255, 255, 255), font=font(26))
+    image = np.asarray(pil).copy()
+    panels = segment_panels(image)
+    assert len(panels) == 2
+    order = reading_order(panels)
+    labels = assign_labels(panels, find_labels(image, panels))
+    assert [labels[i] for i in order] == ["a", "b"]
+
+
+def test_find_labels_without_panels_or_text() -> None:
+    blank = np.full((100, 100, 3), 255, dtype=np.uint8)
+    assert find_labels(blank, []) == []
+    rng = np.random.default_rng(2)
+    plain = np.full((200, 200, 3), 255, dtype=np.uint8)
+    plain[20:180, 20:180] = texture(rng, 160, 160, 120)
+    panels = segment_panels(plain)
+    assert assign_labels(panels, find_labels(plain, panels)) == [None]

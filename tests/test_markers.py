@@ -1,0 +1,286 @@
+"""Marker detection on drawn panels: a synthetic micrograph-like texture with glyphs drawn by
+Pillow on top (arrows in eight directions and several colours, arrowheads, asterisks, stars,
+rectangles, circles, an inset), and the things that must not become markers (plain texture, a
+scale bar)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+from scipy.ndimage import gaussian_filter
+
+from p2p.mining.cpu.markers import detect_markers
+from p2p.mining.types import Marker
+from p2p.shared.geometry import contains_point
+
+
+def texture(h: int = 240, w: int = 320, seed: int = 0, lo: float = 70.0, hi: float = 160.0) -> np.ndarray:
+    """Grey micrograph-like background: smooth blobs plus fine grain, within [lo, hi]."""
+    rng = np.random.default_rng(seed)
+    coarse = gaussian_filter(rng.normal(size=(h, w)), 6.0)
+    fine = gaussian_filter(rng.normal(size=(h, w)), 1.0)
+    img = coarse / (np.abs(coarse).max() + 1e-9) + 0.35 * fine / (np.abs(fine).max() + 1e-9)
+    img = (img - img.min()) / (img.max() - img.min() + 1e-9)
+    grey = (lo + (hi - lo) * img).astype(np.uint8)
+    return np.stack([grey] * 3, axis=-1)
+
+
+def draw_arrow(
+    draw: ImageDraw.ImageDraw,
+    tip: tuple[float, float],
+    angle: float,
+    length: float,
+    colour: tuple[int, int, int],
+    shaft: int = 2,
+    head: float = 9.0,
+) -> None:
+    """Arrow travelling at ``angle`` degrees (image coordinates) and ending at ``tip``."""
+    ux, uy = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    px, py = -uy, ux
+    base = (tip[0] - ux * head * 1.3, tip[1] - uy * head * 1.3)
+    tail = (tip[0] - ux * length, tip[1] - uy * length)
+    draw.line([tail, (base[0] + ux, base[1] + uy)], fill=colour, width=shaft)
+    draw.polygon(
+        [
+            tip,
+            (base[0] + px * head * 0.6, base[1] + py * head * 0.6),
+            (base[0] - px * head * 0.6, base[1] - py * head * 0.6),
+        ],
+        fill=colour,
+    )
+
+
+def draw_head(
+    draw: ImageDraw.ImageDraw,
+    tip: tuple[float, float],
+    angle: float,
+    size: float,
+    colour: tuple[int, int, int],
+) -> None:
+    ux, uy = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    px, py = -uy, ux
+    base = (tip[0] - ux * size, tip[1] - uy * size)
+    draw.polygon(
+        [
+            tip,
+            (base[0] + px * size * 0.4, base[1] + py * size * 0.4),
+            (base[0] - px * size * 0.4, base[1] - py * size * 0.4),
+        ],
+        fill=colour,
+    )
+
+
+def draw_asterisk(
+    draw: ImageDraw.ImageDraw,
+    centre: tuple[float, float],
+    r: float,
+    colour: tuple[int, int, int],
+    arms: int = 3,
+    width: int = 2,
+) -> None:
+    for i in range(arms):
+        a = math.radians(90 + i * 180 / arms)
+        dx, dy = r * math.cos(a), r * math.sin(a)
+        draw.line(
+            [(centre[0] - dx, centre[1] - dy), (centre[0] + dx, centre[1] + dy)], fill=colour, width=width
+        )
+
+
+def draw_star(
+    draw: ImageDraw.ImageDraw, centre: tuple[float, float], r: float, colour: tuple[int, int, int]
+) -> None:
+    pts = []
+    for i in range(10):
+        rad = r if i % 2 == 0 else r * 0.42
+        a = math.radians(i * 36 - 90)
+        pts.append((centre[0] + rad * math.cos(a), centre[1] + rad * math.sin(a)))
+    draw.polygon(pts, fill=colour)
+
+
+def dashed_rectangle(
+    draw: ImageDraw.ImageDraw,
+    box: tuple[int, int, int, int],
+    colour: tuple[int, int, int],
+    dash: int = 6,
+    gap: int = 4,
+    width: int = 2,
+) -> None:
+    x1, y1, x2, y2 = box
+    for a, b in (((x1, y1), (x2, y1)), ((x2, y1), (x2, y2)), ((x2, y2), (x1, y2)), ((x1, y2), (x1, y1))):
+        length = math.dist(a, b)
+        ux, uy = (b[0] - a[0]) / length, (b[1] - a[1]) / length
+        t = 0.0
+        while t < length:
+            e = min(t + dash, length)
+            draw.line(
+                [(a[0] + ux * t, a[1] + uy * t), (a[0] + ux * e, a[1] + uy * e)], fill=colour, width=width
+            )
+            t += dash + gap
+
+
+def panel_image(draw_fn, seed: int = 0, h: int = 240, w: int = 320) -> np.ndarray:
+    img = Image.fromarray(texture(h, w, seed))
+    draw_fn(ImageDraw.Draw(img))
+    return np.asarray(img)
+
+
+def embed(panel: np.ndarray, pad: int = 20) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+    """The panel inside a white figure, and its box in figure pixels."""
+    h, w = panel.shape[:2]
+    fig = np.full((h + 2 * pad, w + 2 * pad, 3), 255, np.uint8)
+    fig[pad : pad + h, pad : pad + w] = panel
+    return fig, (float(pad), float(pad), float(pad + w), float(pad + h))
+
+
+def near(
+    markers: list[Marker], point: tuple[float, float], radius: float = 6.0, kind: str | None = None
+) -> list[Marker]:
+    return [
+        m for m in markers if (kind is None or m.kind == kind) and math.dist(m.target_point, point) <= radius
+    ]
+
+
+def angle_diff(a: float, b: float) -> float:
+    return abs((a - b + 180.0) % 360.0 - 180.0)
+
+
+COLOURS = {
+    "white": (255, 255, 255),
+    "black": (0, 0, 0),
+    "yellow": (255, 230, 0),
+    "red": (235, 30, 30),
+    "green": (30, 220, 30),
+    "cyan": (0, 220, 235),
+}
+
+
+@pytest.mark.parametrize("angle", [0, 45, 90, 135, 180, 225, 270, 315])
+def test_arrow_in_eight_directions(angle):
+    colour = list(COLOURS.values())[angle // 45 % len(COLOURS)]
+    tip = (160.0, 120.0)
+    panel = panel_image(lambda d: draw_arrow(d, tip, angle, 42, colour), seed=angle)
+    fig, box = embed(panel)
+    markers = detect_markers(fig, box)
+    tip_fig = (tip[0] + box[0], tip[1] + box[1])
+    found = near(markers, tip_fig, 4.0, "arrow")
+    assert found, f"no arrow at {tip_fig}: {markers}"
+    arrow = found[0]
+    assert arrow.direction_deg is not None and angle_diff(arrow.direction_deg, angle) <= 12
+    # The target lies beyond the tip, in the direction of travel, and includes the tip.
+    tx1, ty1, tx2, ty2 = arrow.target_box
+    assert contains_point(arrow.target_box, *arrow.target_point)
+    centre = ((tx1 + tx2) / 2 - arrow.target_point[0], (ty1 + ty2) / 2 - arrow.target_point[1])
+    ux, uy = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    assert centre[0] * ux + centre[1] * uy > 5.0
+    # The glyph is not the target.
+    gx1, gy1, gx2, gy2 = arrow.glyph_box
+    assert not contains_point(arrow.target_box, (gx1 + gx2) / 2, (gy1 + gy2) / 2)
+    assert len(markers) <= 2
+
+
+@pytest.mark.parametrize("name", ["white", "black", "yellow", "red", "green"])
+def test_several_arrows_of_one_colour(name):
+    colour = COLOURS[name]
+    arrows = [((80.0, 70.0), 30.0), ((250.0, 90.0), 160.0), ((120.0, 190.0), 290.0)]
+    panel = panel_image(lambda d: [draw_arrow(d, tip, ang, 36, colour) for tip, ang in arrows], seed=7)
+    markers = detect_markers(panel, (0.0, 0.0, 320.0, 240.0))
+    for tip, ang in arrows:
+        found = near(markers, tip, 4.0, "arrow")
+        assert found, f"{name} arrow at {tip} missed: {markers}"
+        assert angle_diff(found[0].direction_deg or 0.0, ang) <= 12
+        assert found[0].color is None or name in ("white", "black") or found[0].color != (0, 0, 0)
+
+
+def test_arrowheads():
+    heads = [
+        ((90.0, 80.0), 45.0, "white"),
+        ((230.0, 160.0), 200.0, "yellow"),
+        ((240.0, 60.0), 110.0, "black"),
+    ]
+    panel = panel_image(lambda d: [draw_head(d, tip, ang, 13, COLOURS[c]) for tip, ang, c in heads], seed=3)
+    markers = detect_markers(panel, (0.0, 0.0, 320.0, 240.0))
+    for tip, ang, c in heads:
+        found = [m for m in near(markers, tip, 4.0) if m.kind in ("arrowhead", "arrow")]
+        assert found, f"{c} arrowhead at {tip} missed: {markers}"
+        assert found[0].kind == "arrowhead"
+        assert angle_diff(found[0].direction_deg or 0.0, ang) <= 20
+        assert contains_point(found[0].target_box, *found[0].target_point)
+
+
+def test_asterisks_and_stars():
+    def draw(d):
+        draw_asterisk(d, (80, 80), 9, COLOURS["white"])
+        draw_asterisk(d, (240, 170), 10, COLOURS["black"], arms=4)
+        draw_star(d, (240, 70), 10, COLOURS["yellow"])
+
+    panel = panel_image(draw, seed=5)
+    markers = detect_markers(panel, (0.0, 0.0, 320.0, 240.0))
+    assert near(markers, (80, 80), 3.0, "asterisk"), markers
+    assert near(markers, (240, 170), 3.0, "asterisk"), markers
+    assert near(markers, (240, 70), 3.0, "star"), markers
+    # The marked structure lies next to the glyph: the target is a neighbourhood around it.
+    star = near(markers, (240, 70), 3.0, "star")[0]
+    tx1, ty1, tx2, ty2 = star.target_box
+    gx1, gy1, gx2, gy2 = star.glyph_box
+    assert tx1 < gx1 and ty1 < gy1 and tx2 > gx2 and ty2 > gy2
+
+
+def test_rectangles_and_circles_target_their_inside():
+    def draw(d):
+        d.rectangle((30, 30, 110, 90), outline=COLOURS["yellow"], width=2)
+        dashed_rectangle(d, (180, 40, 290, 110), COLOURS["white"])
+        d.ellipse((60, 140, 150, 215), outline=COLOURS["red"], width=2)
+        d.ellipse((200, 150, 250, 200), outline=COLOURS["black"], width=2)
+
+    panel = panel_image(draw, seed=11)
+    markers = detect_markers(panel, (0.0, 0.0, 320.0, 240.0))
+    expected = [
+        ("box", (30, 30, 111, 91)),
+        ("box", (180, 40, 291, 111)),
+        ("circle", (60, 140, 151, 216)),
+        ("circle", (200, 150, 251, 201)),
+    ]
+    for kind, drawn in expected:
+        centre = ((drawn[0] + drawn[2] - 1) / 2, (drawn[1] + drawn[3] - 1) / 2)
+        found = near(markers, centre, 4.0, kind)
+        assert found, f"{kind} {drawn} missed: {markers}"
+        target = found[0].target_box
+        # Target = the enclosed region (the outline itself, give or take the stroke).
+        assert all(abs(a - b) <= 3 for a, b in zip(target, drawn, strict=True)), (target, drawn)
+
+
+def test_inset_in_a_corner():
+    rng = np.random.default_rng(2)
+    base = texture(240, 320, 9)
+    # A zoomed patch pasted into the top-right corner, framed by a white line.
+    patch = np.asarray(Image.fromarray(base[150:190, 40:90]).resize((110, 90), Image.BICUBIC))
+    base[4:94, 206:316] = patch
+    img = Image.fromarray(base)
+    ImageDraw.Draw(img).rectangle((205, 3, 316, 94), outline=(255, 255, 255), width=2)
+    _ = rng
+    markers = detect_markers(np.asarray(img), (0.0, 0.0, 320.0, 240.0))
+    insets = [m for m in markers if m.kind == "inset"]
+    assert insets, markers
+    x1, y1, x2, y2 = insets[0].target_box
+    assert abs(x1 - 205) <= 4 and y1 <= 6 and x2 >= 314 and abs(y2 - 95) <= 4
+
+
+def test_no_false_marker_on_plain_texture_or_scale_bar():
+    img = Image.fromarray(texture(240, 320, 21))
+    d = ImageDraw.Draw(img)
+    d.rectangle((240, 222, 300, 226), fill=(255, 255, 255))  # scale bar, bottom right
+    d.text((252, 206), "50 um", fill=(255, 255, 255))
+    assert detect_markers(np.asarray(img), (0.0, 0.0, 320.0, 240.0)) == []
+    for seed in (1, 2, 3):
+        assert detect_markers(texture(240, 320, seed), (0.0, 0.0, 320.0, 240.0)) == []
+
+
+def test_degenerate_inputs():
+    assert detect_markers(texture(10, 10), (0.0, 0.0, 10.0, 10.0)) == []
+    grey = texture(120, 160)[..., 0]
+    assert detect_markers(grey, (0.0, 0.0, 160.0, 120.0)) == []
+    # A panel box partly outside the image is clipped, not an error.
+    assert isinstance(detect_markers(texture(120, 160), (-10.0, -10.0, 400.0, 300.0)), list)

@@ -1,0 +1,257 @@
+"""Panel segmentation on figures drawn here with numpy and Pillow (no development data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from p2p.mining.cpu.eval_panels import evaluate
+from p2p.mining.cpu.segment import segment_panels
+from p2p.mining.cpu.xycut import naive_xycut
+from p2p.mining.types import LabelDetection
+from p2p.shared import geometry
+
+FONT_DIR = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
+
+
+def font(size: int, bold: bool = True) -> ImageFont.FreeTypeFont:
+    return ImageFont.truetype(str(FONT_DIR / ("DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf")), size)
+
+
+def texture(rng: np.random.Generator, w: int, h: int, level: int) -> np.ndarray:
+    """A noisy grey 'micrograph' with some blobs, mean grey ``level`` (never near-white)."""
+    base = rng.normal(level, 12, (h, w))
+    yy, xx = np.mgrid[0:h, 0:w]
+    for _ in range(6):
+        cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(4, 14)
+        base[(xx - cx) ** 2 + (yy - cy) ** 2 < r * r] -= 60
+    grey = np.clip(base, 0, 200).astype(np.uint8)
+    return np.repeat(grey[:, :, None], 3, axis=2)
+
+
+def canvas(w: int, h: int) -> np.ndarray:
+    return np.full((h, w, 3), 255, dtype=np.uint8)
+
+
+def ink_box(image: np.ndarray, box: tuple[int, int, int, int]) -> tuple[float, float, float, float]:
+    """Tight box (exclusive) of near-white-excluded ink inside ``box``."""
+    x1, y1, x2, y2 = box
+    crop = image[y1:y2, x1:x2].min(axis=2) < 225
+    rows, cols = np.flatnonzero(crop.any(axis=1)), np.flatnonzero(crop.any(axis=0))
+    return (float(x1 + cols[0]), float(y1 + rows[0]), float(x1 + cols[-1] + 1), float(y1 + rows[-1] + 1))
+
+
+def assert_matches(predicted: list, truth: list, threshold: float = 0.9) -> None:
+    boxes = [p.box for p in predicted]
+    matches = geometry.match_greedy(boxes, truth, threshold)
+    assert len(matches) == len(truth), f"predicted {boxes}, truth {truth}"
+    assert len(boxes) == len(truth), f"extra boxes: predicted {boxes}, truth {truth}"
+
+
+def draw_plot(
+    image: np.ndarray, x0: int, y0: int, *, legend_right: bool = False
+) -> tuple[int, int, int, int]:
+    """Axes frame with ticks, tick labels, axis titles and a legend; returns the drawing's extent."""
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    small = font(11, bold=False)
+    ax1, ay1, ax2, ay2 = x0 + 50, y0 + 10, x0 + 250, y0 + 170
+    draw.rectangle([ax1, ay1, ax2, ay2], outline=(0, 0, 0), width=2)
+    for k in range(5):
+        ty = ay2 - k * 38
+        draw.line([ax1 - 5, ty, ax1, ty], fill=(0, 0, 0), width=2)
+        draw.text((ax1 - 28, ty - 7), f"{k * 10}", fill=(0, 0, 0), font=small)
+        tx = ax1 + k * 48
+        draw.line([tx, ay2, tx, ay2 + 5], fill=(0, 0, 0), width=2)
+        draw.text((tx - 8, ay2 + 8), f"{k * 2}", fill=(0, 0, 0), font=small)
+    xs = np.linspace(ax1 + 5, ax2 - 5, 40)
+    ys = ay2 - 20 - 100 * np.exp(-(((xs - (ax1 + ax2) / 2) / 40) ** 2))
+    draw.line(list(zip(xs.tolist(), ys.tolist(), strict=True)), fill=(200, 30, 30), width=2)
+    draw.text((ax1 + 60, ay2 + 24), "Time (s)", fill=(0, 0, 0), font=small)
+    title = Image.new("RGB", (90, 14), (255, 255, 255))
+    ImageDraw.Draw(title).text((0, 0), "Signal (a.u.)", fill=(0, 0, 0), font=small)
+    pil.paste(title.rotate(90, expand=True), (x0 + 2, ay1 + 30))
+    if legend_right:
+        draw.rectangle([ax2 + 12, ay1 + 10, ax2 + 82, ay1 + 40], outline=(0, 0, 0))
+        draw.line([ax2 + 16, ay1 + 25, ax2 + 30, ay1 + 25], fill=(200, 30, 30), width=2)
+        draw.text((ax2 + 34, ay1 + 18), "data", fill=(0, 0, 0), font=small)
+    image[:] = np.asarray(pil)
+    return (x0, y0, ax2 + (84 if legend_right else 2), ay2 + 40)
+
+
+def test_grid_with_wide_gutters_and_outside_labels() -> None:
+    rng = np.random.default_rng(0)
+    image = canvas(760, 520)
+    truth = []
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for r in range(2):
+        for c in range(3):
+            x, y = 30 + c * 245, 30 + r * 250
+            draw.text((x - 24, y - 26), "abcdef"[r * 3 + c], fill=(0, 0, 0), font=font(20))
+            truth.append((float(x), float(y), float(x + 210), float(y + 210)))
+    image[:] = np.asarray(pil)
+    for x1, y1, x2, y2 in truth:
+        image[int(y1) : int(y2), int(x1) : int(x2)] = texture(rng, int(x2 - x1), int(y2 - y1), 120)
+    assert_matches(segment_panels(image), truth, 0.97)
+
+
+def test_touching_panels_split_at_intensity_edge() -> None:
+    rng = np.random.default_rng(1)
+    image = canvas(820, 620)
+    levels = [[60, 140], [150, 80]]
+    truth = []
+    for r in range(2):
+        for c in range(2):
+            x1, y1 = 10 + c * 400, 10 + r * 300
+            image[y1 : y1 + 300, x1 : x1 + 400] = texture(rng, 400, 300, levels[r][c])
+            truth.append((float(x1), float(y1), float(x1 + 400), float(y1 + 300)))
+    predicted = segment_panels(image)
+    assert_matches(predicted, truth, 0.9)
+
+
+def test_separator_line_between_touching_images() -> None:
+    rng = np.random.default_rng(2)
+    image = canvas(600, 300)
+    image[10:290, 10:295] = texture(rng, 285, 280, 90)
+    image[10:290, 297:590] = texture(rng, 293, 280, 95)  # a 2-px white line between two images
+    truth = [(10.0, 10.0, 295.0, 290.0), (297.0, 10.0, 590.0, 290.0)]
+    assert_matches(segment_panels(image), truth, 0.95)
+
+
+def test_plot_box_includes_axes_ticks_titles_and_legend() -> None:
+    image = canvas(420, 260)
+    extent = draw_plot(image, 20, 20, legend_right=True)
+    expected = ink_box(image, (0, 0, image.shape[1], image.shape[0]))
+    predicted = segment_panels(image)
+    assert len(predicted) == 1
+    assert geometry.iou(predicted[0].box, expected) > 0.97
+    assert predicted[0].box[2] >= extent[2] - 4  # the legend is inside the box
+
+
+def test_side_by_side_plots_with_labels_keep_their_own_text() -> None:
+    image = canvas(760, 270)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    draw.text((2, 0), "a", fill=(0, 0, 0), font=font(22))
+    draw.text((382, 0), "b", fill=(0, 0, 0), font=font(22))
+    image[:] = np.asarray(pil)
+    left = draw_plot(image, 20, 30)
+    right = draw_plot(image, 400, 30)
+    truth = [ink_box(image, (left[0], left[1], left[2] + 6, left[3] + 6))]
+    truth.append(ink_box(image, (right[0], right[1], right[2] + 6, right[3] + 6)))
+    predicted = segment_panels(image)
+    assert_matches(predicted, truth, 0.95)
+
+
+def test_label_outside_the_image_is_not_swallowed() -> None:
+    rng = np.random.default_rng(3)
+    image = canvas(400, 300)
+    pil = Image.fromarray(image)
+    ImageDraw.Draw(pil).text((4, 2), "A", fill=(0, 0, 0), font=font(24))
+    image[:] = np.asarray(pil)
+    image[20:290, 40:390] = texture(rng, 350, 270, 100)
+    (panel,) = segment_panels(image)
+    assert panel.box == (40.0, 20.0, 390.0, 290.0)
+
+
+def test_known_labels_are_kept_out_of_the_boxes() -> None:
+    rng = np.random.default_rng(4)
+    image = canvas(300, 200)
+    image[30:190, 30:290] = texture(rng, 260, 160, 100)
+    image[8:26, 10:24] = 0  # a blob touching nothing, as a label would be
+    detections = [LabelDetection(text="a", box=(10.0, 8.0, 24.0, 26.0), confidence=0.9)]
+    (panel,) = segment_panels(image, labels=detections)
+    assert panel.box == (30.0, 30.0, 290.0, 190.0)
+
+
+def test_single_panel_figures_give_one_box() -> None:
+    rng = np.random.default_rng(5)
+    image = canvas(500, 400)
+    image[40:360, 50:450] = texture(rng, 400, 320, 110)
+    assert [p.box for p in segment_panels(image)] == [(50.0, 40.0, 450.0, 360.0)]
+    plot = canvas(360, 260)
+    draw_plot(plot, 10, 10)
+    predicted = segment_panels(plot)
+    assert len(predicted) == 1
+    assert geometry.iou(predicted[0].box, ink_box(plot, (0, 0, 360, 260))) > 0.97
+
+
+def test_degenerate_inputs() -> None:
+    assert segment_panels(canvas(300, 200)) == []
+    assert segment_panels(np.zeros((0, 0, 3), dtype=np.uint8)) == []
+    assert segment_panels(np.full((1, 1, 3), 255, dtype=np.uint8)) == []
+    one = segment_panels(np.zeros((1, 1, 3), dtype=np.uint8))
+    assert [p.box for p in one] == [(0.0, 0.0, 1.0, 1.0)]
+    grey = segment_panels(np.full((50, 60), 100, dtype=np.uint8))  # 2-D input
+    assert [p.box for p in grey] == [(0.0, 0.0, 60.0, 50.0)]
+    rgba = np.full((40, 40, 4), 255, dtype=np.uint8)
+    rgba[5:35, 5:35, :3] = 50
+    assert [p.box for p in segment_panels(rgba)] == [(5.0, 5.0, 35.0, 35.0)]
+
+
+def test_long_strip_and_huge_single_panel() -> None:
+    strip = canvas(20000, 50)
+    strip[5:45, 100:19900] = 90
+    boxes = [p.box for p in segment_panels(strip)]
+    assert boxes and all(0 <= b[0] < b[2] <= 20000 and 0 <= b[1] < b[3] <= 50 for b in boxes)
+    assert geometry.iou(boxes[0], (100.0, 5.0, 19900.0, 45.0)) > 0.9
+    rng = np.random.default_rng(6)
+    huge = texture(rng, 3000, 2400, 120)
+    (panel,) = segment_panels(huge)
+    assert geometry.iou(panel.box, (0.0, 0.0, 3000.0, 2400.0)) > 0.99
+
+
+def test_confidences_are_probabilities() -> None:
+    rng = np.random.default_rng(7)
+    image = canvas(500, 250)
+    image[10:240, 10:240] = texture(rng, 230, 230, 80)
+    image[10:240, 260:490] = texture(rng, 230, 230, 140)
+    predicted = segment_panels(image)
+    assert len(predicted) == 2
+    assert all(0.0 < p.confidence <= 1.0 for p in predicted)
+
+
+def test_naive_xycut_cuts_gutters_and_keeps_labels() -> None:
+    rng = np.random.default_rng(8)
+    image = canvas(500, 260)
+    image[20:240, 20:230] = texture(rng, 210, 220, 100)
+    image[20:240, 270:480] = texture(rng, 210, 220, 100)
+    image[14:28, 258:268] = 0  # a label glyph 2 px left of the second panel's top-left corner
+    boxes = sorted(p.box for p in naive_xycut(image))
+    assert boxes == [(20.0, 20.0, 230.0, 240.0), (258.0, 14.0, 480.0, 240.0)]  # naive: label swallowed
+    refined = sorted(p.box for p in segment_panels(image))
+    assert refined == [(20.0, 20.0, 230.0, 240.0), (270.0, 20.0, 480.0, 240.0)]
+    assert naive_xycut(canvas(50, 50)) == []
+
+
+def test_evaluate_scores_a_small_folder(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    annotations: dict = {"_notes": {"coordinates": "inclusive"}}
+    for k in range(2):
+        image = canvas(420, 220)
+        image[10:210, 10:200] = texture(rng, 190, 200, 90)
+        image[10:210, 220:410] = texture(rng, 190, 200, 150)
+        Image.fromarray(image).save(tmp_path / f"f{k}.png")
+        annotations[f"f{k}.png"] = {
+            "panels": [
+                {"label": "a", "box": [10, 10, 199, 209]},
+                {"label": "b", "box": [220, 10, 409, 209]},
+            ]
+        }
+    (tmp_path / "annotations.json").write_text(json.dumps(annotations))
+    report = evaluate(
+        tmp_path, annotations, segment_panels, labeler=lambda image, panels: ["a", "b"][: len(panels)]
+    )
+    assert report["figures"] == 2
+    assert report["panels"]["0.9"]["f1"] == pytest.approx(1.0)
+    assert report["mean_iou"] == pytest.approx(1.0)
+    assert report["label_accuracy"] == pytest.approx(1.0)
+    naive = evaluate(tmp_path, annotations, naive_xycut, labeler=None)
+    assert naive["label_accuracy"] is None
+    assert naive["panels"]["0.5"]["f1"] == pytest.approx(1.0)
