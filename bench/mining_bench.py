@@ -68,7 +68,9 @@ def speed(folder: Path, processes: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--real", type=Path, default=SHARED / "real-figures")
     parser.add_argument("--captions", type=Path, default=SHARED / "caption-splitting" / "prostate.jsonl")
     parser.add_argument("--synthetic", type=int, default=200, help="synthetic figures to generate and score")
@@ -84,11 +86,18 @@ def main() -> int:
     report: dict[str, Any] = {
         "benchmark": "mining",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": {"nproc": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
+        "machine": {
+            "nproc": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
     }
     miner = cpu_miner()
     if (args.real / "annotations.json").is_file():
-        report["real"] = {"cpu": evaluate_folder(args.real, miner), "naive_xycut": evaluate_folder(args.real, naive_reference)}
+        report["real"] = {
+            "cpu": evaluate_folder(args.real, miner),
+            "naive_xycut": evaluate_folder(args.real, naive_reference),
+        }
     if args.captions.is_file():
         report["captions"] = evaluate_prostate(args.captions)
     with tempfile.TemporaryDirectory(prefix="p2p-synth-bench-") as tmp:

@@ -5,10 +5,25 @@ Settings are read and validated here, once, when the worker starts.
 
 from __future__ import annotations
 
-from p2p.shared.queue import celery_app, configure_celery, import_task_modules
+from typing import Any
+
+from celery.signals import celeryd_after_setup
+
+from p2p.shared.queue import MINING_QUEUE, celery_app, configure_celery, import_task_modules
 from p2p.shared.settings import get_settings
 
 configure_celery(get_settings())
 import_task_modules()
+
+
+@celeryd_after_setup.connect
+def _preload_models(sender: str, instance: Any, **_: Any) -> None:
+    # A mining worker loads its models before it takes the first figure.
+    queues = set(instance.app.amqp.queues.consume_from or {})
+    if MINING_QUEUE in queues:
+        from p2p.mining.tasks import get_miner
+
+        get_miner()
+
 
 __all__ = ["celery_app"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import cv2
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
@@ -284,3 +285,48 @@ def test_degenerate_inputs():
     assert detect_markers(grey, (0.0, 0.0, 160.0, 120.0)) == []
     # A panel box partly outside the image is clipped, not an error.
     assert isinstance(detect_markers(texture(120, 160), (-10.0, -10.0, 400.0, 300.0)), list)
+
+
+def test_inset_connecting_lines_give_the_source_region():
+    base = texture(240, 320, 9)
+    base[4:94, 206:316] = np.asarray(Image.fromarray(base[150:190, 40:90]).resize((110, 90), Image.BICUBIC))
+    img = Image.fromarray(base)
+    d = ImageDraw.Draw(img)
+    d.rectangle((205, 3, 316, 94), outline=(255, 255, 255), width=2)
+    # The source region (40, 150)-(90, 190) is not outlined; two lines lead to it.
+    d.line([(40, 150), (205, 3)], fill=(255, 255, 255), width=1)
+    d.line([(90, 190), (316, 94)], fill=(255, 255, 255), width=1)
+    markers = detect_markers(np.asarray(img), (0.0, 0.0, 320.0, 240.0))
+    assert any(m.kind == "inset" for m in markers), markers
+    sources = [m for m in markers if m.kind == "box"]
+    assert sources, markers
+    x1, y1, x2, y2 = sources[0].target_box
+    assert abs(x1 - 40) <= 4 and abs(y1 - 150) <= 4 and abs(x2 - 91) <= 4 and abs(y2 - 191) <= 4
+
+
+def test_tiny_coloured_symbols_are_found():
+    """Glyphs of a few pixels (a figure scaled down after drawing) have no resolvable spokes: a
+    lone compact blob of marker colour is still reported, with a target around it."""
+    img = Image.fromarray(texture(480, 640, 4))
+    d = ImageDraw.Draw(img)
+    draw_star(d, (200, 200), 9, COLOURS["red"])
+    draw_asterisk(d, (500, 360), 9, (255, 140, 0))
+    small = cv2.resize(np.asarray(img), (192, 144), interpolation=cv2.INTER_AREA)  # 0.3 x
+    markers = detect_markers(small, (0.0, 0.0, 192.0, 144.0))
+    for cx, cy in ((60, 60), (150, 108)):
+        assert any(contains_point(m.target_box, cx, cy) for m in markers), markers
+        assert near(markers, (cx, cy), 3.0), markers
+
+
+def test_tiny_blobs_of_a_dotted_colour_field_are_not_markers():
+    """Many small same-colour dots (fluorescent puncta) are texture, not a field of markers."""
+    rng = np.random.default_rng(3)
+
+    def draw(d):
+        for _ in range(40):
+            x, y = rng.uniform(10, 310), rng.uniform(10, 230)
+            r = rng.uniform(2.0, 4.0)
+            d.ellipse((x - r, y - r, x + r, y + r), fill=COLOURS["green"])
+
+    panel = panel_image(draw, seed=6)
+    assert [m for m in detect_markers(panel, (0.0, 0.0, 320.0, 240.0)) if m.kind in ("star", "asterisk")] == []

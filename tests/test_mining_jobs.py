@@ -191,7 +191,6 @@ def test_missing_object_fails_through_the_task_failure_handler(make_runtime: Run
         assert job["status"] == "failed" and "ObjectNotFound" in job["error"]
 
 
-@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
 def test_mining_runs_on_a_real_celery_worker(make_settings, db, redis_url: str) -> None:  # type: ignore[no-untyped-def]
     from celery.contrib.testing.worker import start_worker
 

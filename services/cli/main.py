@@ -28,6 +28,15 @@ app.add_typer(serve_app, name="serve")
 eval_app = typer.Typer(help="Evaluate mining and retrieval.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 
+
+def _register_synth() -> None:
+    from p2p.mining.synth.cli import synth_command
+
+    app.command("synth")(synth_command)
+
+
+_register_synth()
+
 console = Console(stderr=True)
 out = Console()
 
@@ -414,7 +423,7 @@ def demo(
     serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve the API after ingesting.")] = True,
     port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
-    """Make sample figures, ingest them on the configured profile, then serve the API."""
+    """Make sample figures, ingest and mine them on the configured profile, then serve the API."""
     from p2p.ingest.samples import write_manifest_folder, write_pmc_package
 
     settings = _settings()
@@ -427,7 +436,10 @@ def demo(
     out.print(f"made 8 sample figures with a manifest at {manifest} and a PMC package at {package}")
     ingest([manifest.parent, package], caption=None)
     status()
-    out.print("mining arrives with the mining service; the figures wait in its queue until then.")
+    out.print(
+        "each figure was mined on the CPU backend: GET /v1/figures/{id} shows its panels (boxes, labels, "
+        "subcaptions, types) and marker regions; `p2p eval mining --dir DIR` scores the miner."
+    )
     if serve:
         p = port if port is not None else settings.server.port
         out.print(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,13 +57,23 @@ class _Timer:
 class CpuMiner:
     """Loads its models once; ``mine`` is safe to call from several threads."""
 
-    def __init__(self, params: CpuMinerParams | None = None, *, text_encoder: Any = None) -> None:
-        from p2p.mining.cpu.panel_type import PanelTypeClassifier
+    def __init__(
+        self,
+        params: CpuMinerParams | None = None,
+        *,
+        text_encoder: Any = None,
+        load_text_encoder: bool = True,
+    ) -> None:
+        from p2p.mining.cpu.labels import warm_up
+        from p2p.mining.cpu.panel_type import default_classifier
 
         self.params = params or CpuMinerParams()
-        self.panel_types = PanelTypeClassifier()
         self._text_encoder = text_encoder
         self._encoder_lock = threading.Lock()
+        self.panel_types = default_classifier()
+        warm_up()  # OCR models load now, not on the first figure
+        if load_text_encoder:
+            _ = self.text_encoder.model  # the sentence encoder too
 
     @property
     def text_encoder(self) -> Any:
@@ -119,8 +129,11 @@ class CpuMiner:
             elif len(candidates) > 1:
                 notes.append("no panel labels in image or caption: panels are unlabelled")
         missing = [label for label in split.labels_in_order if label not in labels]
-        if missing and any(labels):
-            notes.append(f"caption names panels the image lacks: {', '.join(missing)}")
+        if missing:
+            notes.append(
+                f"caption names {len(split.labels_in_order)} panels, {len(candidates)} found; "
+                f"no panel for {', '.join(missing)}"
+            )
 
         panels: list[MinedPanel] = []
         with timer.stage("panel_type"):
@@ -149,7 +162,11 @@ class CpuMiner:
             if panel.figure_type != "image":
                 continue
             with timer.stage("markers"):
-                found = detect_markers(image, panel.box)
+                found = [
+                    m
+                    for m in detect_markers(image, panel.box)
+                    if not _on_label(m.glyph_box, label_boxes.values())
+                ]
             markers.extend(found)
             fragments = split.marker_fragments.get(panel.label or "", []) if panel.label else []
             with timer.stage("regions"):
@@ -198,6 +215,13 @@ class CpuMiner:
             stage_seconds=timer.seconds,
             notes=notes,
         )
+
+
+def _on_label(glyph: geometry.Box, label_boxes: Iterable[geometry.Box]) -> bool:
+    """A panel label's own frame or backing square is not a marker."""
+    glyph_area = geometry.area(glyph) or 1.0
+    grown = [(b[0] - 4, b[1] - 4, b[2] + 4, b[3] + 4) for b in label_boxes]
+    return any(geometry.intersection(glyph, b) >= 0.5 * glyph_area for b in grown)
 
 
 def panel_relative(box: geometry.Box, panel: geometry.Box) -> geometry.Box:

@@ -1,18 +1,22 @@
 """Panel labels: OCR on candidate label areas only, then one label per panel.
 
 ``find_labels`` never runs OCR over the whole figure. It proposes small glyph groups near each
-panel's top-left corner, outside the panel (isolated dark glyphs in the gutter, found from
-connected components of the ink mask) and, when that finds nothing readable, inside the corner
-(light-on-dark or dark-on-light glyphs separated from the local background by Otsu), then reads
-all crops in a few small batches with the PP-OCRv4 recogniser that ships inside
-``rapidocr_onnxruntime`` (crops are upscaled so glyphs are ~22 px tall; decoding is restricted to
-the label alphabet). Panels where neither finds a label get one more try: the text detector of the
-same package on the small corner crop.
+panel's top-left corner: outside the panel (isolated glyph groups in the gutter, "(a)", "1a",
+circled letters, found from connected components of the ink mask, reusing the segmenter's
+analysis of the same image), then, for panels still without a clear reading, inside a corner
+(white or black glyphs standing alone on the image, either polarity; the corner most panels of the
+figure use), and last the DB text detector of ``rapidocr_onnxruntime`` on small corner crops. All
+crops are read in small batches by the package's PP-OCRv4 recogniser (one ONNX session per process,
+one thread): crops are upscaled so glyphs are ~22 px tall, thin glyphs widened and gaps between
+glyphs opened ("ii"), and decoding is restricted to the label alphabet. Readings are normalised
+("(a)" -> "a", "A." -> "A"), and c/C, o/O, s/S... are settled by comparing glyph heights.
 
-``assign_labels`` maps detections to panels (the nearest panel whose top-left region the label
-sits in or near, one label per panel) and repairs OCR confusions (l/I/1, O/0, S/5, case) where
-the a, b, c... sequence in reading order makes the intended label clear. ``reading_order`` gives
-the fallback order (rows, then columns, following the gutters).
+``assign_labels`` maps detections to panels (a label inside a panel names that panel; otherwise
+the panel whose top-left region it sits in or near; one label per panel) and repairs OCR
+confusions (l/I/1, O/0, S/5, case, roman numerals) where the a, b, c... series in reading order
+makes the intended label clear; weak readings survive only where the series confirms them.
+``reading_order`` gives the order (rows, then columns, following the gutters) that the caller uses
+to hand out caption labels when no label was read.
 """
 
 from __future__ import annotations
@@ -300,8 +304,10 @@ def _outside_candidates(
         x1, y1, x2, y2 = _crop_box(word, gray.shape[1], gray.shape[0])
         region = cc_labels[y1:y2, x1:x2]
         keep = np.isin(region, members)
+        plate = _plate_glyphs(region, members)
+        invert = False
         # circled labels: drop a ring that encloses the other glyph components, read what is inside
-        if len(members) >= 2:
+        if len(members) >= 2 and plate is None:
             dropped = _drop_ring(region, members, keep)
             if dropped is not keep and dropped.any():
                 ys, xs = np.nonzero(dropped)
@@ -314,9 +320,55 @@ def _outside_candidates(
                 ix1, iy1, ix2, iy2 = _crop_box(inner, gray.shape[1], gray.shape[0])
                 keep = dropped[iy1 - y1 : iy2 - y1, ix1 - x1 : ix2 - x1]
                 x1, y1, x2, y2 = ix1, iy1, ix2, iy2
-        crop = _prepare_crop(gray, keep, (x1, y1, x2, y2), invert=False)
+        if plate is not None:
+            # light glyphs on a solid dark disc or box: read the holes, inverted
+            ys, xs = np.nonzero(plate)
+            inner = (x1 + int(xs.min()), y1 + int(ys.min()), x1 + int(xs.max()) + 1, y1 + int(ys.max()) + 1)
+            ix1, iy1, ix2, iy2 = _crop_box(inner, gray.shape[1], gray.shape[0])
+            full = np.zeros(gray.shape, dtype=bool)
+            full[y1:y2, x1:x2] = plate
+            keep = full[iy1:iy2, ix1:ix2]
+            x1, y1, x2, y2 = ix1, iy1, ix2, iy2
+            invert = True
+        crop = _prepare_crop(gray, keep, (x1, y1, x2, y2), invert=invert)
         out.append(_Candidate(box=word, crop=crop, panel=best, prior=best_prior))
     return out
+
+
+def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
+    """Light glyphs printed on a solid dark plate (a filled disc or box): the background-coloured
+    holes inside the plate's largest component, or None when the group is not such a plate."""
+    if region.size == 0:
+        return None
+    ids, counts = np.unique(region[np.isin(region, members)], return_counts=True)
+    if ids.size == 0:
+        return None
+    main = int(ids[int(np.argmax(counts))])
+    comp = (region == main).astype(np.uint8)
+    ys, xs = np.nonzero(comp)
+    bh, bw = int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1)
+    if min(bh, bw) < 8 or not 0.6 <= bw / bh <= 1.7 or int(comp.sum()) < 0.45 * bw * bh:
+        return None
+    contours, _ = cv2.findContours(comp, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    filled = np.zeros_like(comp)
+    cv2.drawContours(filled, contours, -1, 1, thickness=-1)
+    filled = cv2.erode(filled, np.ones((3, 3), np.uint8))
+    holes = (filled > 0) & (region == 0)
+    if holes.any():
+        n, lab, stats, _ = cv2.connectedComponentsWithStats(holes.astype(np.uint8), connectivity=8)
+        holes = np.isin(lab, [k for k in range(1, n) if stats[k, 4] >= 3])
+    inside = int(filled.sum())
+    # a plate fills its box (disc or rectangle); a bold letter with a counter ("A", "O") does not,
+    # or its counter is one thick blob rather than thin strokes
+    if inside < 0.6 * bw * bh or not 0.04 * inside <= int(holes.sum()) <= 0.6 * inside:
+        return None
+    stroke = cv2.distanceTransform(holes.astype(np.uint8), cv2.DIST_L2, 3)
+    if float(stroke.max()) > 0.1 * bh:
+        return None
+    hy, hx = np.nonzero(holes)
+    if hy.max() - hy.min() + 1 < 0.25 * bh:
+        return None
+    return holes
 
 
 def _drop_ring(region: np.ndarray, members: list[int], keep: np.ndarray) -> np.ndarray:
@@ -404,7 +456,9 @@ def _detector_candidates(
 
 
 def find_labels(image: np.ndarray, panels: Sequence[PanelCandidate]) -> list[LabelDetection]:
-    """Panel labels read by OCR near each panel's top-left corner (figure pixels, exclusive)."""
+    """Panel labels read by OCR near the panels' corners (figure pixels, exclusive boxes).
+
+    Several detections may concern one panel; ``assign_labels`` picks one per panel."""
     rgb = _as_rgb(image)
     height, width = rgb.shape[:2]
     if not panels or height < 8 or width < 8:
@@ -442,7 +496,35 @@ def find_labels(image: np.ndarray, panels: Sequence[PanelCandidate]) -> list[Lab
         for k in missing:
             extra.extend(_detector_candidates(engine, rgb, gray, boxes[k], k, u))
         detections.extend(_read(engine, extra))
-    return [d for _, d in detections]
+    return _settle_case([d for _, d in detections])
+
+
+_CASELESS = set("cCkKoOpPsSuUvVwWxXzZ")  # letters whose two cases differ mostly in size
+_X_HEIGHT = set("acemnorsuvwxz")
+
+
+def _settle_case(detections: list[LabelDetection]) -> list[LabelDetection]:
+    """Upper or lower case for letters that look alike in both (c/C, o/O, s/S...), by comparing
+    their height with the figure's other labels (capitals and x-height letters)."""
+
+    def height(d: LabelDetection) -> float:
+        return d.box[3] - d.box[1]
+
+    plain = [d for d in detections if len(d.text) == 1 and "(" not in d.raw and ")" not in d.raw]
+    caps = [height(d) for d in plain if (d.text.isupper() or d.text.isdigit()) and d.text not in _CASELESS]
+    smalls = [height(d) for d in plain if d.text in _X_HEIGHT and d.text not in _CASELESS]
+    if not caps and not smalls:
+        return detections
+    out = []
+    for d in detections:
+        if d in plain and d.text in _CASELESS:
+            h = height(d)
+            cap = float(np.median(caps)) if caps else 0.0
+            upper = h >= 0.85 * cap if caps else h > 1.15 * float(np.median(smalls))
+            text = d.text.upper() if upper else d.text.lower()
+            d = LabelDetection(text=text, box=d.box, confidence=d.confidence, raw=d.raw)
+        out.append(d)
+    return out
 
 
 def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDetection]]:

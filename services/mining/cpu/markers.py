@@ -4,34 +4,42 @@ rectangles and circles/ovals (solid or dashed), and zoom-in insets.
 Markers are overlays: drawn in a colour or a tone that the micrograph underneath does not have
 at that place (saturated colour on a grey image, near-white or near-black strokes on a mid-tone
 background). ``detect_markers`` builds "ink" masks from contrast against a local background
-estimate (a median over about 20 px, wider than any stroke) and then asks shape questions:
+estimate (a median over about 20 px, wider than any stroke): white, black and colour ink (colour
+only of a hue the panel has little of, so colour maps and stained sections are not read as
+markers), each with a strong core. Then it asks shape questions:
 
 * arrows, head first: compact blobs of strong ink are arrowhead candidates; from each, rays in
   all directions look for a shaft, i.e. a straight run of samples brighter (darker, or of the
   head's colour) than the samples a few pixels to either side (a thin ridge, tolerant of the
   breaks anti-aliasing leaves in a one-pixel line). A shaft gives the direction (shaft -> head);
-  the tip is the head's extreme pixel along it. A blob with no shaft but a clean isosceles
-  triangle shape is an arrowhead;
-* arrows, whole: connected ink components that are a thin straight shaft widening into a head
-  at one end and tapering to a tip (line-drawn "V" heads included);
-* asterisks and stars: five to eight spokes around a centre (polar profile of the component);
-* closed outlines: a ring with one large hole (rectangle or circle/oval by how much of its
-  bounding box the filled outline covers); dashed ones after bridging the gaps between dashes
-  by a morphological closing, with a check that the dashes run around the outline;
-* long straight (dashed or solid) rows and columns of ink assembled into rectangles;
+  the tip is the head's extreme pixel along it;
+* arrows, whole: connected ink components that are a straight shaft widening into a head at one
+  end and tapering to a tip. Every arrow hypothesis is checked on a straightened strip around
+  its axis against an ideal arrow (straight flanks, barbs, a shaft of constant width, nothing
+  ahead of the tip, little clutter); open "V" heads are measured by the span of their strokes;
+* arrowheads: lone compact components fitting an isosceles triangle (or a notched "stealth"
+  head) with a sharp apex, checked the same way without a shaft;
+* asterisks and stars: five to eight evenly spaced spokes in the radial profile of the outline
+  (glyphs of a few pixels are examined on a four-times upsampled copy);
+* closed outlines: a thin ring with one large hole (rectangle or circle/oval by how much of its
+  bounding box the filled outline covers; touching rings hole by hole); dashed outlines after
+  joining the dashes by a dilation, with checks that the dashes run around one thin curve;
+* long straight (dashed or solid) rows and columns of ink assembled into rectangles whose sides
+  are isolated lines;
 * insets: an embedded sub-image in a panel corner, bounded by a straight vertical and a straight
   horizontal edge or frame line that meet at its inner corner (and do not run on across the
-  whole panel, which would make them a gutter between juxtaposed sub-images). A drawn
-  rectangle elsewhere in the panel with the same inset frame style and lines connecting it to
-  the inset is reported as the inset's source region.
+  whole panel as a white or black strip, which would make them a gutter between juxtaposed
+  sub-images). Straight lines leaving an inset's corners lead to its source region, which is
+  reported as a ``box`` marker when no drawn box is there already.
 
-Scale bars (solid thin bars in the lower part of a panel, with their text) and strokes lying
-along the panel border or an inset frame are not markers.
+Text (rows of letter-sized components), scale bars (solid thin bars in the lower part of a panel,
+with their text) and strokes lying along the panel border or an inset frame are not markers.
 
-Every marker reports the structure it indicates as ``target_box``: beyond the tip for arrows and
-arrowheads, the neighbourhood of the glyph for asterisks and stars, the enclosed region for
-outlines and the frame for insets. All boxes are figure pixels with exclusive x2/y2; points are
-pixel coordinates (the arrow tip pixel, the centre of an outline).
+Every marker reports the structure it indicates as ``target_box``: an axis-aligned square ahead
+of the tip for arrows and arrowheads (sized from the glyph and the panel), the neighbourhood of
+the glyph for asterisks and stars, the enclosed region for outlines and the frame for insets.
+All boxes are figure pixels with exclusive x2/y2; points are pixel coordinates (the arrow tip
+pixel, the centre of an outline or symbol).
 """
 
 from __future__ import annotations
@@ -417,7 +425,7 @@ def _ink_of(panel: _Panel, polarity: str, xs: np.ndarray, ys: np.ndarray, colour
 
 def _head_arrows(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
     """Arrows found from their heads: compact strong-ink blobs with a thin ridge (the shaft)
-    leaving them; a blob with no shaft but an arrowhead shape is an arrowhead."""
+    leaving them, verified against the ideal arrow shape."""
     polarity = _polarity(name)
     mask = panel.masks[name]
     opened = cv2.morphologyEx(mask, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
@@ -951,6 +959,38 @@ def _star(sub: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> tuple[str, float] 
     return None
 
 
+def _small_star(
+    panel: _Panel, polarity: str, x: int, y: int, w: int, h: int, col: tuple[int, int, int] | None
+) -> tuple[str, float] | None:
+    """Star test for glyphs of a few pixels: the ink strength around the glyph is upsampled four
+    times (cubic) and thresholded half-way between glyph and background, which recovers spokes
+    that the pixel mask merges."""
+    pad = 2
+    x0, y0 = max(0, x - pad), max(0, y - pad)
+    x1, y1 = min(panel.w, x + w + pad), min(panel.h, y + h + pad)
+    gy, gx = np.mgrid[y0:y1, x0:x1]
+    colour = None if col is None else np.array(col, dtype=np.float32)
+    patch = panel.strength(polarity, gx.astype(np.float64), gy.astype(np.float64), colour).astype(np.float32)
+    border = np.concatenate([patch[0], patch[-1], patch[:, 0], patch[:, -1]])
+    lo, hi = float(border.mean()), float(patch.max())
+    if hi - lo < 40:
+        return None
+    big = cv2.resize(patch, ((x1 - x0) * 4, (y1 - y0) * 4), interpolation=cv2.INTER_CUBIC)
+    mask = (big >= lo + 0.5 * (hi - lo)).view(np.uint8)
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    if n <= 1:
+        return None
+    j = int(np.argmax(stats[1:, cv2.CC_STAT_AREA])) + 1
+    bx, by, bw, bh = (int(v) for v in stats[j, :4])
+    sub = labels[by : by + bh, bx : bx + bw] == j
+    ys, xs = np.nonzero(sub)
+    found = _star(sub, xs, ys)
+    if found is None:
+        return None
+    kind, score = found
+    return kind, score * 0.9
+
+
 def _text_flags(stats: np.ndarray, h_img: int, w_img: int) -> np.ndarray:
     """Text-like: a pixel mask covering components that sit in a row with at least two
     similar-height neighbours at letter spacing (or one, for glyphs smaller than 12 px)."""
@@ -1100,8 +1140,10 @@ def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]
                 continue
         if in_text:
             continue
-        if strong and small[i] >= 7 and 0.12 <= density[i] <= 0.65:
-            star = _star(sub, xs, ys)
+        if strong and small[i] >= 5 and 0.12 <= density[i] <= 0.75:
+            star = _star(sub, xs, ys) if small[i] >= 7 else None
+            if star is None and big[i] <= 18 and big[i] <= 1.5 * small[i] and strong_frac[i] >= 0.6:
+                star = _small_star(panel, polarity, x, y, w, h, col)
             if star is not None:
                 kind, score = star
                 out.append(
@@ -1120,6 +1162,77 @@ def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]
             if head is not None:
                 score, tip, direction, size = head
                 out.append(_Cand("arrowhead", glyph, tip, score, direction=direction, size=size, color=col))
+    return out
+
+
+# ----------------------------------------------------------------------------- tiny symbols
+
+# Tiny glyphs (a few pixels after a figure is scaled down) have no resolvable spokes or barbs.
+# A compact, solid, strongly contrasting blob that is alone in its neighbourhood and rare in its
+# panel is reported as a symbol at a low confidence: for the region it indicates (the glyph's
+# neighbourhood) its exact kind does not matter.
+_TINY_MIN, _TINY_MAX = 4, 12
+_TINY_SCORE = 0.4
+
+
+def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
+    n, labels, stats = panel.components(name)
+    if n <= 1:
+        return []
+    areas = stats[:, cv2.CC_STAT_AREA]
+    ws = stats[:, cv2.CC_STAT_WIDTH]
+    hs = stats[:, cv2.CC_STAT_HEIGHT]
+    big = np.maximum(ws, hs)
+    small = np.minimum(ws, hs)
+    density = areas / np.maximum(ws * hs, 1)
+    tiny = (big >= _TINY_MIN) & (big <= _TINY_MAX) & (small >= 3) & (big <= 1.7 * small)
+    tiny &= (density >= 0.3) & (areas >= 8)
+    tiny[0] = False
+    idx = np.nonzero(tiny)[0]
+    # Texture (speckle, cells, fluorescent dots) makes many such blobs; markers are few.
+    similar = np.count_nonzero((big[1:] >= 3) & (big[1:] <= 2 * _TINY_MAX))
+    if idx.size == 0 or similar > 12:
+        return []
+    colour = name == "colour"
+    core = panel.masks[_STRONG[name] + ("" if colour else "_core")]
+    polarity = _polarity(name)
+    out: list[_Cand] = []
+    for i in idx:
+        x, y, w, h = (int(v) for v in stats[i, :4])
+        if text[y + h // 2, x + w // 2]:
+            continue
+        sub = labels[y : y + h, x : x + w] == i
+        if float(core[y : y + h, x : x + w][sub].mean()) < 0.6:
+            continue
+        # Alone: no other ink of this kind in a ring about twice the glyph's size.
+        r = 2 * int(big[i])
+        x0, y0 = max(0, x - r), max(0, y - r)
+        x1, y1 = min(panel.w, x + w + r), min(panel.h, y + h + r)
+        around = labels[y0:y1, x0:x1]
+        if np.count_nonzero((around > 0) & (around != i)) > 0.3 * areas[i]:
+            continue
+        col = _mean_colour(panel.rgb[y : y + h, x : x + w], sub) if colour else None
+        ys, xs = np.nonzero(sub)
+        ink = _ink_of(
+            panel,
+            polarity,
+            (xs + x).astype(np.float64),
+            (ys + y).astype(np.float64),
+            None if col is None else np.array(col, dtype=np.float32),
+        )
+        if ink.contrast < 80:
+            continue
+        kind = "star" if density[i] >= 0.45 else "asterisk"
+        out.append(
+            _Cand(
+                kind,
+                (x, y, x + w, y + h),
+                (x + (w - 1) / 2.0, y + (h - 1) / 2.0),
+                _TINY_SCORE,
+                size=float(big[i]),
+                color=col,
+            )
+        )
     return out
 
 
@@ -1145,6 +1258,11 @@ def _dashed_outlines(panel: _Panel, name: str) -> list[_Cand]:
     dashes = dash.view(np.uint8)[labels]
     out: list[_Cand] = []
     wide = int(max(7, round(3.0 * scale + 4))) | 1
+    # Large panels are searched at half resolution (max-pooled, so thin dashes survive).
+    step = _pool_step(panel)
+    if step > 1:
+        dashes = _pool(dashes)
+        wide = max(5, wide // 2) | 1
     for k in (wide,):
         # Dilation (not closing: a closing does not bridge the gap between two thin collinear
         # dashes) joins the dashes into a thick ring; shapes are judged on that ring.
@@ -1154,7 +1272,7 @@ def _dashed_outlines(panel: _Panel, name: str) -> list[_Cand]:
         r = k // 2
         for j in range(1, m):
             x, y, w, h = (int(v) for v in st2[j, :4])
-            if min(w, h) < 12 + 2 * r or max(w, h) > 0.9 * max(panel.w, panel.h):
+            if min(w, h) < 12 // step + 2 * r or max(w, h) > 0.9 * max(panel.w, panel.h) / step:
                 continue
             if st2[j, cv2.CC_STAT_AREA] > 0.75 * w * h:
                 continue
@@ -1176,6 +1294,7 @@ def _dashed_outlines(panel: _Panel, name: str) -> list[_Cand]:
                 continue
             score = min(1.0, score * (0.75 + 0.25 * sectors / 8.0))
             x, y, w, h = x + r, y + r, w - 2 * r, h - 2 * r  # undo the dilation
+            x, y, w, h = x * step, y * step, w * step, h * step
             out.append(
                 _Cand(
                     kind,
@@ -1278,6 +1397,17 @@ def _line_rectangles(panel: _Panel, name: str) -> list[_Cand]:
     return out
 
 
+def _pool_step(panel: _Panel) -> int:
+    return 2 if min(panel.h, panel.w) >= 200 else 1
+
+
+def _pool(mask: np.ndarray) -> np.ndarray:
+    """2 x 2 max-pooling of a 0/1 mask."""
+    h, w = mask.shape
+    grown = cv2.dilate(mask, np.ones((2, 2), np.uint8), anchor=(0, 0))
+    return np.ascontiguousarray(grown[: h - h % 2 : 2, : w - w % 2 : 2])
+
+
 def _segments(lines: np.ndarray) -> list[tuple[int, int, int, int]]:
     """Horizontal runs of a sparse line mask merged across adjacent rows into segments
     (start, end, first row, last row + 1); at most five rows thick."""
@@ -1340,7 +1470,7 @@ def _rect_support(
             ]
         clutter = max((float(b.mean()) for b in near if b.size), default=0.0)
         sides.append(float(cov) if clutter <= 0.2 else -float(cov))
-    ranked = sorted(sides, key=abs)
+    ranked = sorted(sides)  # a cluttered side (negative) counts as the weakest
     # One side may fade, or be lost in clutter, where the line crosses image content of its own
     # tone; the other three must be clean, isolated lines.
     if abs(ranked[0]) < 0.3 or min(ranked[1:]) < 0.8:
@@ -1538,6 +1668,115 @@ def _along_edge(cand: _Cand, edges: list[tuple[float, float, float, float]], tol
     return False
 
 
+def _inset_sources(panel: _Panel, cands: list[_Cand]) -> list[_Cand]:
+    """Zoom-in insets are often tied to their source region by two straight lines drawn from the
+    inset's corners. Straight segments of the frame's tone (probabilistic Hough transform on the
+    ink mask) that start at an inset corner and run away from the inset are such lines; the far
+    ends of two of them span the source region. A drawn box already there is confirmed (its score
+    raised); otherwise the region becomes a new ``box`` marker."""
+    out: list[_Cand] = []
+    insets = [c for c in cands if c.kind == "inset"]
+    if not insets:
+        return out
+    min_len = max(15.0, 0.08 * panel.diag)
+    for inset in insets:
+        x1, y1, x2, y2 = inset.glyph
+        # The frame's tone: the brightest (darkest) line within a few pixels of each side.
+        g = panel.gray.astype(np.float32)
+        bands = [
+            g[y1 : y1 + 5, x1:x2].mean(axis=1),
+            g[max(y1, y2 - 5) : y2, x1:x2].mean(axis=1),
+            g[y1:y2, x1 : x1 + 5].mean(axis=0),
+            g[y1:y2, max(x1, x2 - 5) : x2].mean(axis=0),
+        ]
+        bands = [b for b in bands if b.size]
+        if not bands:
+            continue
+        light = float(np.mean([b.max() for b in bands]))
+        dark = float(np.mean([b.min() for b in bands]))
+        name = "white_lo" if light >= 170 else "black_lo" if dark <= 80 else ""
+        if not name:
+            continue
+        mask = panel.masks[name]
+        segments = cv2.HoughLinesP(
+            mask, 1, math.pi / 180, threshold=15, minLineLength=int(min_len), maxLineGap=3
+        )
+        if segments is None:
+            continue
+        corners = np.array([(x1, y1), (x2 - 1, y1), (x1, y2 - 1), (x2 - 1, y2 - 1)], dtype=np.float64)
+        ends: list[tuple[float, float, float, int]] = []
+        for ax, ay, bx, by in segments.reshape(-1, 4).astype(np.float64):
+            for (px, py), (qx, qy) in (((ax, ay), (bx, by)), ((bx, by), (ax, ay))):
+                d = np.hypot(corners[:, 0] - px, corners[:, 1] - py)
+                k = int(np.argmin(d))
+                if d[k] > 8.0:
+                    continue
+                # It must leave the inset: the far end lies outside it and away from its centre.
+                if x1 - 2 <= qx <= x2 + 1 and y1 - 2 <= qy <= y2 + 1:
+                    continue
+                # ... and does not cut through the inset on its way.
+                run = math.hypot(qx - px, qy - py)
+                sx, sy = px + 6.0 * (qx - px) / run, py + 6.0 * (qy - py) / run
+                if x1 + 4 <= sx <= x2 - 5 and y1 + 4 <= sy <= y2 - 5:
+                    continue
+                qx, qy = _follow(mask, px, py, qx, qy)  # a dashed or crossing-broken line goes on
+                ends.append((float(np.hypot(qx - px, qy - py)), qx, qy, k))
+        ends.sort(reverse=True)
+        picked: list[tuple[float, float, float, int]] = []
+        for end in ends:
+            if all(end[3] != p[3] for p in picked):
+                picked.append(end)
+            if len(picked) == 2:
+                break
+        if len(picked) < 2:
+            continue
+        (_, ax, ay, _), (_, bx, by, _) = picked
+        sx1, sy1, sx2, sy2 = min(ax, bx), min(ay, by), max(ax, bx) + 1.0, max(ay, by) + 1.0
+        if sx2 - sx1 < 6 or sy2 - sy1 < 6 or _overlap_frac((sx1, sy1, sx2, sy2), inset.glyph) > 0.2:
+            continue
+        source = (int(sx1), int(sy1), math.ceil(sx2), math.ceil(sy2))
+        drawn = [c for c in cands if c.kind == "box" and _iou(c.glyph, source) >= 0.3]
+        if drawn:
+            for c in drawn:
+                c.score = max(c.score, 0.85)
+            continue
+        region = (float(source[0]), float(source[1]), float(source[2]), float(source[3]))
+        centre_pt = ((source[0] + source[2] - 1) / 2.0, (source[1] + source[3] - 1) / 2.0)
+        out.append(_Cand("box", source, centre_pt, 0.55, region=region))
+    return out
+
+
+def _follow(
+    mask: np.ndarray, px: float, py: float, qx: float, qy: float, gap: int = 8
+) -> tuple[float, float]:
+    """Extend the segment p -> q along its direction while the mask stays inked (within a pixel
+    of the line, gaps up to ``gap``); the last inked point."""
+    length = math.hypot(qx - px, qy - py)
+    if length == 0:
+        return qx, qy
+    ux, uy = (qx - px) / length, (qy - py) / length
+    h, w = mask.shape
+    t = np.arange(1.0, 2.0 * (h + w))
+    xs, ys = qx + t * ux, qy + t * uy
+    valid = (xs >= 1) & (xs <= w - 2) & (ys >= 1) & (ys <= h - 2)
+    xs, ys = xs[valid], ys[valid]
+    if xs.size == 0:
+        return qx, qy
+    xi, yi = np.rint(xs).astype(np.intp), np.rint(ys).astype(np.intp)
+    inked = (mask[yi, xi] | mask[yi, xi - 1] | mask[yi, xi + 1] | mask[yi - 1, xi] | mask[yi + 1, xi]) > 0
+    last, misses = -1, 0
+    for k, hit in enumerate(inked.tolist()):
+        if hit:
+            last, misses = k, 0
+        else:
+            misses += 1
+            if misses > gap:
+                break
+    if last < 0:
+        return qx, qy
+    return float(xs[last]), float(ys[last])
+
+
 def _prefer_insets(panel: _Panel, cands: list[_Cand]) -> list[_Cand]:
     """A framed rectangle in a panel corner holding a different picture is an inset, not a drawn
     box: retype such boxes, and drop boxes that duplicate a detected inset."""
@@ -1650,6 +1889,8 @@ def detect_markers(image: np.ndarray, panel_box: Box) -> list[Marker]:
             text_zone |= text
         cands += _head_arrows(panel, _STRONG[name], text)
         cands += _component_shapes(panel, name, text)
+        if name == "colour":
+            cands += _tiny_symbols(panel, name, text)
         cands += _dashed_outlines(panel, name)
         cands += _line_rectangles(panel, name)
     cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]
@@ -1673,6 +1914,7 @@ def detect_markers(image: np.ndarray, panel_box: Box) -> list[Marker]:
             edges += [(rx1, ry1, rx2, ry1), (rx1, ry2, rx2, ry2), (rx1, ry1, rx1, ry2), (rx2, ry1, rx2, ry2)]
     cands = [c for c in cands if c.kind not in _POINTING or not _along_edge(c, edges)]
     cands = _dedupe(_prefer_insets(panel, cands))
+    cands += _inset_sources(panel, cands)
 
     markers: list[Marker] = []
     for cand in cands:
@@ -1681,7 +1923,12 @@ def detect_markers(image: np.ndarray, panel_box: Box) -> list[Marker]:
         tx2, ty2 = min(float(w), tx2), min(float(h), ty2)
         if tx2 - tx1 < 1 or ty2 - ty1 < 1:
             continue
-        gx1, gy1, gx2, gy2 = cand.glyph
+        gx1, gy1, gx2, gy2 = (
+            max(0, cand.glyph[0]),
+            max(0, cand.glyph[1]),
+            min(w, cand.glyph[2]),
+            min(h, cand.glyph[3]),
+        )
         markers.append(
             Marker(
                 kind=cand.kind,

@@ -2,20 +2,29 @@
 
 ``segment_panels`` turns a figure into tight panel boxes:
 
-1. ink mask (darkest channel below near-white, or "differs from the background colour" when the
-   figure has a dark/coloured background) and a text unit ``u`` (median glyph height);
-2. panel-label glyphs (small isolated glyph groups at the top-left of content) are found by
-   connected components alone and taken out of the content, so boxes never swallow them;
-3. the remaining ink forms parts (connected blobs bridging 1-2 px gaps, overlapping boxes merged);
-   dense image parts are split where a straight full-length edge or separator line crosses them
-   (touching panels, 0-px gutters);
-4. parts are clustered bottom-up by gap: text (tick labels, axis titles, legends) joins the
-   nearest panel; every label anchors the part at its lower right and two parts anchored by
-   different labels never merge, while unlabelled sub-images join their labelled neighbour;
-5. boxes are tightened to the ink; clusters without any panel-sized part (caption strips, stray
-   text) are dropped; a figure that is one panel yields one box.
+1. ink mask (darkest channel below near-white; figures on a flat dark canvas the other way
+   round), a frame drawn around the whole figure and JPEG specks removed, and a text unit ``u``
+   (median glyph height) that scales every threshold below;
+2. panel-label glyphs are guessed from connected components alone (small groups of at most four
+   glyphs with nothing to their left or above, circled labels included) and taken out of the
+   content, so boxes never swallow them;
+3. the remaining ink forms parts (blobs bridging 1-2 px gaps, overlapping boxes merged); images,
+   and big blobs of touching panels, are split along straight full-length boundaries: a line of
+   background colour, or a colour step present along most of the line that stands out from the
+   texture beside it and is not one of many parallel ones (stripes, fringes);
+4. a label guess is kept when it heads a panel-sized part at its lower right (tick labels in a
+   right-aligned column and text inside panels are not labels); images carrying a label-like glyph
+   in the same corner inside (the commonest corner of the figure) head their own panel too;
+5. parts are clustered bottom-up by gap: text (tick labels, axis titles, legends) joins the
+   nearest panel; parts headed by different labels never merge; an unlabelled image joins a
+   labelled one only when (nearly) touching it (sub-images under one label); unlabelled drawing
+   pieces join a labelled drawing nearby; without labels only a much smaller part (legend, colour
+   bar) joins a neighbour; a merge may not swallow a panel it could not have merged with;
+6. boxes are tightened to the ink; clusters without panel-sized content (stray text, caption
+   strips) are dropped; a figure that is one panel yields one box, an empty one none.
 
-Optional ``labels`` (e.g. from OCR) replace step 2's guesses.
+Optional ``labels`` (e.g. from OCR) replace step 2's guesses. The analysis of the last few figures
+is kept briefly so that ``p2p.mining.cpu.labels.find_labels`` does not redo it.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from p2p.shared.geometry import Box
 INK_THRESHOLD = 225  # darkest channel below this = ink (as in the annotation notes)
 MAX_ANALYSIS_SIDE = 1600  # larger figures are analysed on an ink-preserving downscale
 MIN_SIDE = 8  # figures smaller than this are one panel (when they hold ink) or nothing
+SPECK_AREA = 4  # ink components this small (px) are noise
 
 IntBox = tuple[int, int, int, int]  # x1, y1, x2, y2 with x2/y2 exclusive
 
@@ -847,12 +857,20 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
     mask_u8 = mask.astype(np.uint8)
 
     _, cc_labels, cc_stats, _ = cv2.connectedComponentsWithStats(mask_u8, connectivity=8)
+    # specks (JPEG ringing, noise) are not content: they would bridge gutters and crowd labels
+    specks = cc_stats[:, 4] <= SPECK_AREA
+    specks[0] = False
+    if specks.any():
+        cc_labels = np.where(specks[cc_labels], 0, cc_labels).astype(np.int32)
+        mask_u8 = (cc_labels > 0).astype(np.uint8)
+        mask = mask_u8.astype(bool)
+        if factor == 1:
+            full_mask = mask
     u = _text_unit(cc_stats, mh, mw)
     glyphs = _label_candidates(mask_u8, cc_labels, cc_stats, u)
+    gray = cv2.cvtColor(edges.rgb, cv2.COLOR_RGB2GRAY)
     if factor == 1:
-        _remember(
-            image, Analysis(gray=cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY), mask=mask_u8, glyphs=glyphs, u=u)
-        )
+        _remember(image, Analysis(gray=gray, mask=mask_u8, glyphs=glyphs, u=u))
 
     # label boxes: given, or guessed from components
     given: list[IntBox] = []
@@ -871,7 +889,12 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
     candidate_boxes: list[IntBox] = []
     if given:
         for b in given:
-            content[b[1] : b[3], b[0] : b[2]] = 0
+            # a label printed on an image is part of the image's pixels: leave those alone
+            rx1, ry1, rx2, ry2 = max(0, b[0] - 2), max(0, b[1] - 2), min(mw, b[2] + 2), min(mh, b[3] + 2)
+            ring = int(mask_u8[ry1:ry2, rx1:rx2].sum()) - int(mask_u8[b[1] : b[3], b[0] : b[2]].sum())
+            ring_area = (rx2 - rx1) * (ry2 - ry1) - (b[2] - b[0]) * (b[3] - b[1])
+            if ring_area <= 0 or ring < 0.8 * ring_area:
+                content[b[1] : b[3], b[0] : b[2]] = 0
         candidate_boxes = given
     else:
         for box, members in glyphs.words:
@@ -892,27 +915,25 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
                 major.append(False)
                 anchors.append(-1)
     dense = [float(content[b[1] : b[3], b[0] : b[2]].mean()) >= 0.85 for b in parts]
-    # image parts with a label printed inside a corner head their own panel too (only when the
-    # gutters hold no labels; one corner for the whole figure, shared by most of its images)
+    # image parts with a label printed inside a corner head their own panel too (one corner for
+    # the whole figure, shared by most of its unlabelled images)
     outside = sum(1 for a in anchors if a >= 0)
-    if True:
-        gray = cv2.cvtColor(edges.rgb, cv2.COLOR_RGB2GRAY)
-        images = [k for k in range(len(parts)) if major[k] and dense[k] and anchors[k] < 0]
-        hits: dict[str, list[int]] = {}
-        for corners in (("tl",), ("tr", "bl", "br")):  # the usual corner first
-            for k in images:
-                for corner in {g.corner for g in corner_glyphs(gray, parts[k], u, corners, otsu=False)}:
-                    hits.setdefault(corner, []).append(k)
-            if len(hits.get("tl", [])) >= max(2, 0.5 * len(images)):
-                break
-        if hits:
-            corner = max(hits, key=lambda c: (len(hits[c]), c == "tl"))
-            # beside labels in the gutters, a few images with corner text are overlays, not labels
-            if len(hits[corner]) >= max(2 if outside < 2 else 3, 0.5 * len(images)):
-                next_anchor = len(label_boxes)
-                for k in hits[corner]:
-                    anchors[k] = next_anchor
-                    next_anchor += 1
+    images = [k for k in range(len(parts)) if major[k] and dense[k] and anchors[k] < 0]
+    hits: dict[str, list[int]] = {}
+    for corners in (("tl",), ("tr", "bl", "br")):  # the usual corner first
+        for k in images:
+            for corner in {g.corner for g in corner_glyphs(gray, parts[k], u, corners, otsu=False)}:
+                hits.setdefault(corner, []).append(k)
+        if len(hits.get("tl", [])) >= max(2, 0.5 * len(images)):
+            break
+    if hits:
+        corner = max(hits, key=lambda c: (len(hits[c]), c == "tl"))
+        # beside labels in the gutters, a few images with corner text are overlays, not labels
+        if len(hits[corner]) >= max(2 if outside < 2 else 3, 0.5 * len(images)):
+            next_anchor = len(label_boxes)
+            for k in hits[corner]:
+                anchors[k] = next_anchor
+                next_anchor += 1
     clusters = _cluster(parts, major, dense, anchors, u, float(mh * mw))
 
     keep_mask = content.astype(bool)

@@ -11,8 +11,6 @@ from typing import Annotated
 
 import typer
 
-from p2p.mining.synth.dataset import parse_size, write_dataset
-
 
 def synth_command(
     out: Annotated[Path, typer.Argument(help="Folder for NAME.png|jpg + NAME.json and annotations.json.")],
@@ -21,6 +19,9 @@ def synth_command(
     size: Annotated[str, typer.Option(help="Canvas WIDTHxHEIGHT before the random rescale.")] = "1000x800",
 ) -> None:
     """Generate synthetic compound figures (panels, labels, markers, captions) with exact ground truth."""
+    # Imported here so that `p2p --help` does not pay for matplotlib and scikit-image.
+    from p2p.mining.synth.dataset import parse_size, write_dataset
+
     try:
         dims = parse_size(size)
     except ValueError as exc:
