@@ -125,3 +125,41 @@ def test_demo_runs_on_the_embedded_profile(monkeypatch: pytest.MonkeyPatch) -> N
     finally:
         get_settings.cache_clear()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_synth_then_eval_mining(tmp_path: Path) -> None:
+    out = tmp_path / "synthetic"
+    made = runner.invoke(app, ["synth", str(out), "--count", "3", "--seed", "99"])
+    assert made.exit_code == 0, made.output
+    annotations = json.loads((out / "annotations.json").read_text())
+    assert len([k for k in annotations if not k.startswith("_")]) == 3
+    report_path = tmp_path / "report.json"
+    result = runner.invoke(app, ["eval", "mining", "--dir", str(out), "--out", str(report_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    cpu, naive = report["cpu"], report["naive_xycut"]
+    assert cpu["figures"] == naive["figures"] == 3
+    for run in (cpu, naive):
+        assert 0.0 <= run["panels"]["0.9"]["f1"] <= 1.0
+    assert cpu["panels"]["0.5"]["f1"] > 0.5
+    assert cpu["label_accuracy"] is not None and cpu["subcaption_token_f1"] is not None
+    assert "segment" in cpu["stage_seconds_per_figure"]
+    assert "panel F1@0.9" in said(result)
+
+
+def test_eval_mining_caption_mode(tmp_path: Path) -> None:
+    data = tmp_path / "captions.jsonl"
+    record = {
+        "id": "x.jpg",
+        "caption": "Liver sections. (A) Normal tissue. (B) Fibrotic tissue.",
+        "labels": ["A", "B"],
+        "subcaptions": {"A": "Liver sections. Normal tissue.", "B": "Liver sections. Fibrotic tissue."},
+    }
+    data.write_text(json.dumps(record) + "\n")
+    report_path = tmp_path / "captions.json"
+    result = runner.invoke(app, ["eval", "mining", "--captions", str(data), "--out", str(report_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())["captions"]
+    assert report["splitter"]["exact"] == 1.0 and report["splitter"]["token_f1"] == 1.0
+    assert report["baseline_whole_caption"]["exact"] == 0.0
+    assert runner.invoke(app, ["eval", "mining"]).exit_code == 2

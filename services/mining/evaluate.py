@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from p2p.mining.eval_captions import token_f1
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
 
@@ -28,17 +29,6 @@ Miner = Callable[[np.ndarray, str], MiningResult]
 
 def normalize_ws(text: str) -> str:
     return " ".join(text.split())
-
-
-def token_f1(predicted: str, truth: str) -> float:
-    pred, gold = predicted.split(), truth.split()
-    if not pred and not gold:
-        return 1.0
-    common = sum((Counter(pred) & Counter(gold)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(gold)
-    return 2 * precision * recall / (precision + recall)
 
 
 @dataclass

@@ -352,6 +352,7 @@ def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
     contours, _ = cv2.findContours(comp, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     filled = np.zeros_like(comp)
     cv2.drawContours(filled, contours, -1, 1, thickness=-1)
+    covered = int(filled.sum())
     filled = cv2.erode(filled, np.ones((3, 3), np.uint8))
     holes = (filled > 0) & (region == 0)
     if holes.any():
@@ -360,7 +361,7 @@ def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
     inside = int(filled.sum())
     # a plate fills its box (disc or rectangle); a bold letter with a counter ("A", "O") does not,
     # or its counter is one thick blob rather than thin strokes
-    if inside < 0.6 * bw * bh or not 0.04 * inside <= int(holes.sum()) <= 0.6 * inside:
+    if inside == 0 or not holes.any() or covered < 0.65 * bw * bh or not 0.04 * inside <= int(holes.sum()) <= 0.6 * inside:
         return None
     stroke = cv2.distanceTransform(holes.astype(np.uint8), cv2.DIST_L2, 3)
     if float(stroke.max()) > 0.1 * bh:

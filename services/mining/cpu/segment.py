@@ -607,6 +607,12 @@ def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis:
         separators = np.flatnonzero(white[margin : length - margin] >= 0.9)
         if separators.size:
             return int(separators[separators.size // 2]) + margin
+    else:
+        # a blob bridged only across a narrow gutter (1-2 px, or JPEG specks in it): a line with
+        # no ink at all through the whole part cannot cross a panel (its axes or image would)
+        blank = np.flatnonzero(ink[margin : length - margin] <= 0.002)
+        if blank.size:
+            return int(blank[blank.size // 2]) + margin
     strength = edges.profile("step", box, axis)
     inner = strength[margin : length - margin]
     if inner.size == 0 or float(inner.max()) < 20.0:
