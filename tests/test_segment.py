@@ -255,3 +255,24 @@ def test_evaluate_scores_a_small_folder(tmp_path: Path) -> None:
     naive = evaluate(tmp_path, annotations, naive_xycut, labeler=None)
     assert naive["label_accuracy"] is None
     assert naive["panels"]["0.5"]["f1"] == pytest.approx(1.0)
+
+
+def test_narrow_gutter_between_plot_and_images_is_split() -> None:
+    """A 2-px gutter is bridged when blobs are formed; a line with no ink across the whole blob (or,
+    between two image edges, only a few JPEG specks) still separates the panels."""
+    rng = np.random.default_rng(5)
+    image = canvas(640, 520)
+    plot = draw_plot(image, 10, 10)
+    bottom = plot[3] + 2  # two blank rows under the plot's tick labels
+    image[plot[1] : plot[3], 330:630] = texture(rng, 300, plot[3] - plot[1], 90)
+    image[bottom : bottom + 150, 10:630] = texture(rng, 620, 150, 110)
+    second = bottom + 150 + 1  # one light row with a few specks between two images
+    image[second : second + 140, 10:630] = texture(rng, 620, 140, 70)
+    image[second - 1, [40, 41, 300, 301, 500]] = 150
+    truth = [
+        ink_box(image, (0, 0, 320, plot[3])),
+        (330.0, float(plot[1]), 630.0, float(plot[3])),
+        (10.0, float(bottom), 630.0, float(bottom + 150)),
+        (10.0, float(second), 630.0, float(second + 140)),
+    ]
+    assert_matches(segment_panels(image), truth, 0.9)

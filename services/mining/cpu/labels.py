@@ -347,7 +347,7 @@ def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
     comp = (region == main).astype(np.uint8)
     ys, xs = np.nonzero(comp)
     bh, bw = int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1)
-    if min(bh, bw) < 8 or not 0.6 <= bw / bh <= 1.7 or int(comp.sum()) < 0.45 * bw * bh:
+    if min(bh, bw) < 16 or not 0.6 <= bw / bh <= 1.7 or int(comp.sum()) < 0.45 * bw * bh:
         return None
     contours, _ = cv2.findContours(comp, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     filled = np.zeros_like(comp)
@@ -367,7 +367,12 @@ def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
     if float(stroke.max()) > 0.1 * bh:
         return None
     hy, hx = np.nonzero(holes)
-    if hy.max() - hy.min() + 1 < 0.25 * bh:
+    if not 0.25 * bh <= hy.max() - hy.min() + 1 <= 0.8 * bh:
+        return None
+    # the glyphs sit well inside the plate: a solid rim all round (unlike a letter's counters)
+    rim = max(2.0, 0.12 * min(bw, bh))
+    cy0, cx0 = int(ys.min()), int(xs.min())
+    if min(hy.min() - cy0, cy0 + bh - 1 - hy.max(), hx.min() - cx0, cx0 + bw - 1 - hx.max()) < rim:
         return None
     return holes
 
@@ -596,6 +601,31 @@ _ROMANISH = str.maketrans({"1": "i", "l": "i", "I": "i", "|": "i", "j": "i", "V"
 
 def _options(text: str) -> list[str]:
     """What an OCR reading may stand for (itself first)."""
+    numerals = _roman_options(text)
+    if numerals:
+        return list(dict.fromkeys([*_plain_options(text), *numerals]))
+    return _plain_options(text)
+
+
+_STROKES = str.maketrans({"u": "ii", "U": "ii", "n": "ii", "m": "iii", "w": "vv", "W": "vv"})
+
+
+def _roman_options(text: str) -> list[str]:
+    """Roman numerals a reading made of thin strokes, v and x may stand for: the recogniser merges
+    or drops repeated i's ("ii" -> "u", "iii" -> "i" or "m"), so only the v/x skeleton must agree."""
+    shape = text.translate(_STROKES).translate(_ROMANISH).lower()
+    if not shape or any(c not in "ivx" for c in shape):
+        return []
+    skeleton = shape.replace("i", "")
+    strokes = len(shape) - len(skeleton)
+    out = []
+    for numeral in ROMAN:
+        if numeral.replace("i", "") == skeleton and abs(numeral.count("i") - strokes) <= 2:
+            out.append(numeral)
+    return out
+
+
+def _plain_options(text: str) -> list[str]:
     if len(text) != 1:
         options = [text, text.lower(), text.upper()]
         roman = text.translate(_ROMANISH).lower()
@@ -686,9 +716,12 @@ def _repair_sequence(order: list[int], texts: dict[int, str], confidence: dict[i
     """
     strong = {pi: t for pi, t in texts.items() if confidence.get(pi, 0.0) >= STRONG_SCORE}
     voters = strong or texts
-    styles = [_style(t) for t in voters.values()]
-    counts = {s: styles.count(s) for s in set(styles)}
-    main = max(counts, key=lambda s: (counts[s], s != "other"))
+    counts: dict[str, int] = {}
+    for t in voters.values():
+        # a lone i, v or x may be a letter or a roman numeral: it votes for both
+        for s in {_style(t), *(["roman"] if t in ("i", "v", "x") else [])}:
+            counts[s] = counts.get(s, 0) + 1
+    main = max(counts, key=lambda s: (counts[s], s != "other", s != "roman"))
     series = _series(main)
     positions = {pi: rank for rank, pi in enumerate(order)}
     best_offset, best = 0, (-1, -1)
@@ -724,6 +757,16 @@ def _repair_sequence(order: list[int], texts: dict[int, str], confidence: dict[i
             return order[rank] in fitting
         return True  # the figure's edge
 
+    def bracketed(rank: int) -> bool:
+        """A run of at most two unconfirmed panels with confirmed ones (or the figure's edge) on
+        both sides, in a series that most panels confirm."""
+        lo, hi = rank - 1, rank + 1
+        while lo >= 0 and not confirmed(lo):
+            lo -= 1
+        while hi < len(order) and not confirmed(hi):
+            hi += 1
+        return hi - lo - 1 <= 2 and len(fitting) >= max(3, 0.6 * len(order))
+
     for rank, pi in enumerate(order):
         expected = expected_at(rank)
         reading = texts.get(pi)
@@ -731,7 +774,7 @@ def _repair_sequence(order: list[int], texts: dict[int, str], confidence: dict[i
             fixed[pi] = expected
         elif reading is not None and pi in strong:
             fixed[pi] = reading  # a clear reading that no confusion explains: trust it
-        elif expected is not None and confirmed(rank - 1) and confirmed(rank + 1):
+        elif expected is not None and (confirmed(rank - 1) and confirmed(rank + 1) or bracketed(rank)):
             fixed[pi] = expected
     return _dedupe(fixed, confidence)
 

@@ -56,7 +56,7 @@ from p2p.shared.geometry import Box
 MIN_CONFIDENCE = 0.35  # candidates scoring lower are dropped
 # Arrows are tested against an ideal arrow shape; below this the look-alikes (texture ridges,
 # elongated cells) outnumber real arrows on the development and synthetic sets.
-_MIN_SCORE = {"arrow": 0.8}
+_MIN_SCORE = {"arrow": 0.6}
 
 _POINTING = ("arrow", "arrowhead")
 _STRONG = {"white_lo": "white", "black_lo": "black", "colour": "colour"}  # mask -> its strong core
@@ -1173,6 +1173,9 @@ def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]
 # neighbourhood) its exact kind does not matter.
 _TINY_MIN, _TINY_MAX = 4, 12
 _TINY_SCORE = 0.4
+_TINY_HUE = 25.0  # degrees: blobs of about one hue
+_TINY_ALIKE = 6
+_TINY_ALIKE_NEUTRAL = 0  # white or black blobs: any speckle is texture  # more blobs of the glyph's hue than this: texture
 
 
 def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
@@ -1189,10 +1192,18 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
     tiny &= (density >= 0.3) & (areas >= 8)
     tiny[0] = False
     idx = np.nonzero(tiny)[0]
-    # Texture (speckle, cells, fluorescent dots) makes many such blobs; markers are few.
-    similar = np.count_nonzero((big[1:] >= 3) & (big[1:] <= 2 * _TINY_MAX))
-    if idx.size == 0 or similar > 12:
+    if idx.size == 0:
         return []
+    # Texture (speckle, cells, fluorescent dots) makes many such blobs of one hue; markers are few.
+    blobs = (big >= 3) & (big <= 2 * _TINY_MAX)
+    blobs[0] = False
+    hue = cv2.cvtColor(panel.rgb, cv2.COLOR_RGB2HSV_FULL)[..., 0].astype(np.float64) * (2 * math.pi / 256)
+    flat = labels.ravel()
+    on = flat > 0
+    lab = flat[on]
+    hx = np.bincount(lab, np.cos(hue.ravel()[on]), minlength=n)
+    hy = np.bincount(lab, np.sin(hue.ravel()[on]), minlength=n)
+    mean_hue = np.arctan2(hy, hx)
     colour = name == "colour"
     core = panel.masks[_STRONG[name] + ("" if colour else "_core")]
     polarity = _polarity(name)
@@ -1200,6 +1211,12 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
     for i in idx:
         x, y, w, h = (int(v) for v in stats[i, :4])
         if text[y + h // 2, x + w // 2]:
+            continue
+        if colour:
+            dh = np.abs(np.angle(np.exp(1j * (mean_hue - mean_hue[i]))))
+            if np.count_nonzero(blobs & (dh <= math.radians(_TINY_HUE))) > _TINY_ALIKE:
+                continue
+        elif np.count_nonzero(blobs) > _TINY_ALIKE_NEUTRAL:
             continue
         sub = labels[y : y + h, x : x + w] == i
         if float(core[y : y + h, x : x + w][sub].mean()) < 0.6:
@@ -1889,8 +1906,7 @@ def detect_markers(image: np.ndarray, panel_box: Box) -> list[Marker]:
             text_zone |= text
         cands += _head_arrows(panel, _STRONG[name], text)
         cands += _component_shapes(panel, name, text)
-        if name == "colour":
-            cands += _tiny_symbols(panel, name, text)
+        cands += _tiny_symbols(panel, name, text)
         cands += _dashed_outlines(panel, name)
         cands += _line_rectangles(panel, name)
     cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]

@@ -610,9 +610,23 @@ def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis:
     else:
         # a blob bridged only across a narrow gutter (1-2 px, or JPEG specks in it): a line with
         # no ink at all through the whole part cannot cross a panel (its axes or image would)
-        blank = np.flatnonzero(ink[margin : length - margin] <= 0.002)
+        # either, the thin line of background between two image edges (a few JPEG specks in it)
+        # (not a gap between an axis title or tick labels and their plot: both sides panel-sized)
+        across = (y2 - y1) if axis == 0 else (x2 - x1)
+        wide = max(margin, round(6 * u))
+        blank = np.flatnonzero(ink[wide : length - wide] * across < 0.5)
         if blank.size:
-            return int(blank[blank.size // 2]) + margin
+            return int(blank[blank.size // 2]) + wide
+        inner_ink = ink[margin : length - margin]
+        for c in np.flatnonzero(inner_ink <= 0.01):
+            c = int(c) + margin
+            lo, hi = c - 1, c + 1
+            while lo > 0 and ink[lo] <= 0.01:
+                lo -= 1
+            while hi < length - 1 and ink[hi] <= 0.01:
+                hi += 1
+            if hi - lo <= 4 and ink[lo] >= 0.9 and ink[hi] >= 0.9:
+                return c
     strength = edges.profile("step", box, axis)
     inner = strength[margin : length - margin]
     if inner.size == 0 or float(inner.max()) < 20.0:
