@@ -220,3 +220,27 @@ def test_ocr_reads_white_labels_on_dark_discs() -> None:
     order = reading_order(panels)
     labels = assign_labels(panels, find_labels(image, panels))
     assert [labels[i] for i in order] == ["a", "b"]
+
+
+def test_ocr_reads_jpeg_blurred_white_labels_inside_images() -> None:
+    """Heavy JPEG dims and breaks the strokes of white "(a)" labels on dark images; the corner
+    search thresholds relative to the ground, so the glyphs stay whole."""
+    import io
+
+    rng = np.random.default_rng(4)
+    image = np.full((260, 540, 3), 255, dtype=np.uint8)
+    boxes = [(10, 10, 260, 250), (280, 10, 530, 250)]
+    for x1, y1, x2, y2 in boxes:
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 25)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for text, (x1, y1, _, _) in zip(["(a)", "(b)"], boxes, strict=True):
+        draw.text((x1 + 3, y1 + 1), text, fill=(255, 255, 255), font=font(17))
+    buffer = io.BytesIO()
+    pil.save(buffer, format="JPEG", quality=25)
+    image = np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")).copy()
+    panels = segment_panels(image)
+    assert len(panels) == 2
+    order = reading_order(panels)
+    labels = assign_labels(panels, find_labels(image, panels))
+    assert [labels[i] for i in order] == ["a", "b"]

@@ -5,16 +5,20 @@ panel's top-left corner: outside the panel (isolated glyph groups in the gutter,
 circled letters, found from connected components of the ink mask, reusing the segmenter's
 analysis of the same image), then, for panels still without a clear reading, inside a corner
 (white or black glyphs standing alone on the image, either polarity; the corner most panels of the
-figure use), and last the DB text detector of ``rapidocr_onnxruntime`` on small corner crops. All
+figure use; near-white/near-black relative to the image's ground, so JPEG-dimmed strokes stay
+whole), and last the DB text detector of ``rapidocr_onnxruntime`` on small corner crops. All
 crops are read in small batches by the package's PP-OCRv4 recogniser (one ONNX session per process,
 one thread): crops are upscaled so glyphs are ~22 px tall, thin glyphs widened and gaps between
 glyphs opened ("ii"), and decoding is restricted to the label alphabet. Readings are normalised
 ("(a)" -> "a", "A." -> "A"), and c/C, o/O, s/S... are settled by comparing glyph heights.
 
+Labels printed light on a solid dark disc or box are read from the plate's holes, inverted.
+
 ``assign_labels`` maps detections to panels (a label inside a panel names that panel; otherwise
 the panel whose top-left region it sits in or near; one label per panel) and repairs OCR
-confusions (l/I/1, O/0, S/5, case, roman numerals) where the a, b, c... series in reading order
-makes the intended label clear; weak readings survive only where the series confirms them.
+confusions (l/I/1, O/0, S/5, case, roman numerals with merged or dropped i's) where the a, b, c...
+series in reading order makes the intended label clear; weak readings survive only where the series
+confirms them, and a short unread run between confirmed labels gets the labels the series expects.
 ``reading_order`` gives the order (rows, then columns, following the gutters) that the caller uses
 to hand out caption labels when no label was read.
 """
@@ -361,7 +365,12 @@ def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
     inside = int(filled.sum())
     # a plate fills its box (disc or rectangle); a bold letter with a counter ("A", "O") does not,
     # or its counter is one thick blob rather than thin strokes
-    if inside == 0 or not holes.any() or covered < 0.65 * bw * bh or not 0.04 * inside <= int(holes.sum()) <= 0.6 * inside:
+    if (
+        inside == 0
+        or not holes.any()
+        or covered < 0.65 * bw * bh
+        or not 0.04 * inside <= int(holes.sum()) <= 0.6 * inside
+    ):
         return None
     stroke = cv2.distanceTransform(holes.astype(np.uint8), cv2.DIST_L2, 3)
     if float(stroke.max()) > 0.1 * bh:
@@ -505,6 +514,7 @@ def find_labels(image: np.ndarray, panels: Sequence[PanelCandidate]) -> list[Lab
     return _settle_case([d for _, d in detections])
 
 
+_NARROW = set("iIlj1tfrJ")  # the only labels printed narrower than 0.4 of their height
 _CASELESS = set("cCkKoOpPsSuUvVwWxXzZ")  # letters whose two cases differ mostly in size
 _X_HEIGHT = set("acemnorsuvwxz")
 
@@ -543,6 +553,9 @@ def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDe
         text = normalize_label(raw)
         if text is None or score < MIN_SCORE or cand.box in seen:
             continue
+        x1, y1, x2, y2 = cand.box
+        if x2 - x1 < 0.4 * (y2 - y1) and text not in _NARROW:
+            continue  # a lone parenthesis or rule read as a round letter ("(" -> "c")
         seen.add(cand.box)
         x1, y1, x2, y2 = cand.box
         confidence = float(score * (0.5 + 0.5 * cand.prior))
@@ -765,7 +778,7 @@ def _repair_sequence(order: list[int], texts: dict[int, str], confidence: dict[i
             lo -= 1
         while hi < len(order) and not confirmed(hi):
             hi += 1
-        return hi - lo - 1 <= 2 and len(fitting) >= max(3, 0.6 * len(order))
+        return hi - lo - 1 <= 2 and len(fitting) >= max(3, 0.5 * len(order))
 
     for rank, pi in enumerate(order):
         expected = expected_at(rank)
@@ -774,7 +787,7 @@ def _repair_sequence(order: list[int], texts: dict[int, str], confidence: dict[i
             fixed[pi] = expected
         elif reading is not None and pi in strong:
             fixed[pi] = reading  # a clear reading that no confusion explains: trust it
-        elif expected is not None and (confirmed(rank - 1) and confirmed(rank + 1) or bracketed(rank)):
+        elif expected is not None and ((confirmed(rank - 1) and confirmed(rank + 1)) or bracketed(rank)):
             fixed[pi] = expected
     return _dedupe(fixed, confidence)
 

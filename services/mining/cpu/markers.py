@@ -6,7 +6,8 @@ at that place (saturated colour on a grey image, near-white or near-black stroke
 background). ``detect_markers`` builds "ink" masks from contrast against a local background
 estimate (a median over about 20 px, wider than any stroke): white, black and colour ink (colour
 only of a hue the panel has little of, so colour maps and stained sections are not read as
-markers), each with a strong core. Then it asks shape questions:
+markers; in such a colourful panel only where the local background is grey or of a far hue),
+each with a strong core. Then it asks shape questions:
 
 * arrows, head first: compact blobs of strong ink are arrowhead candidates; from each, rays in
   all directions look for a shaft, i.e. a straight run of samples brighter (darker, or of the
@@ -21,6 +22,10 @@ markers), each with a strong core. Then it asks shape questions:
   head) with a sharp apex, checked the same way without a shaft;
 * asterisks and stars: five to eight evenly spaced spokes in the radial profile of the outline
   (glyphs of a few pixels are examined on a four-times upsampled copy);
+* tiny symbols: a glyph of 4 to 16 px (a figure scaled down) may have no resolvable shape; a
+  compact blob of colour ink that contrasts with its background, stands alone and has a hue few
+  other blobs of the panel share is reported at low confidence as a star or asterisk (its kind
+  is a guess; the neighbourhood it marks is what matters);
 * closed outlines: a thin ring with one large hole (rectangle or circle/oval by how much of its
   bounding box the filled outline covers; touching rings hole by hole); dashed outlines after
   joining the dashes by a dilation, with checks that the dashes run around one thin curve;
@@ -56,7 +61,11 @@ from p2p.shared.geometry import Box
 MIN_CONFIDENCE = 0.35  # candidates scoring lower are dropped
 # Arrows are tested against an ideal arrow shape; below this the look-alikes (texture ridges,
 # elongated cells) outnumber real arrows on the development and synthetic sets.
-_MIN_SCORE = {"arrow": 0.6}
+_MIN_SCORE = {"arrow": 0.8}
+
+# In a colourful panel (a colour map, a stained section) colour ink off a grey background must
+# differ in hue from its surroundings by this much (of 256, about 100 degrees).
+_FAR_HUE_COLOURFUL = 72
 
 _POINTING = ("arrow", "arrowhead")
 _STRONG = {"white_lo": "white", "black_lo": "black", "colour": "colour"}  # mask -> its strong core
@@ -126,9 +135,10 @@ class _Panel:
             dh = np.abs(hue.astype(np.int16) - bg_hue.astype(np.int16))
             far = np.minimum(dh, 256 - dh) >= 36
             # In a colourful panel (a colour map, a stained section) a marker is only trusted on
-            # a locally grey background.
+            # a locally grey background, or where its hue is far from the local one (a green
+            # glyph on red tissue; not a red one on brown).
             if float(np.count_nonzero(self.sat >= 70)) > 0.3 * self.h * self.w:
-                far = np.zeros_like(far)
+                far = np.minimum(dh, 256 - dh) >= _FAR_HUE_COLOURFUL
             colour = saturated & rare[bins] & ((self.bg_sat <= 60) | far)
         self.masks: dict[str, np.ndarray] = {
             "white_lo": white_lo.view(np.uint8),
@@ -441,8 +451,8 @@ def _head_arrows(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
     idx = np.nonzero(keep)[0]
     if idx.size == 0:
         return []
-    if idx.size > 120:  # texture rather than overlays: the largest blobs only
-        idx = idx[np.argsort(-areas[idx])[:120]]
+    if idx.size > 60:  # texture rather than overlays: the largest blobs only
+        idx = idx[np.argsort(-areas[idx])[:60]]
     # Blob colour, strength, background: vectorised over blobs (over inked pixels only).
     nz = np.flatnonzero(labels)
     flat = labels.ravel()[nz]
@@ -1066,8 +1076,8 @@ def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]
         keep &= strong_px >= np.maximum(2, 0.1 * areas)
     keep[0] = False
     idx = np.nonzero(keep)[0]
-    if idx.size > 120:  # bounded work on texture: the most glyph-like components first
-        idx = idx[np.argsort(-(strong_frac[idx] + 0.002 * np.minimum(areas[idx], 200)))[:120]]
+    if idx.size > 60:  # bounded work on texture: the most glyph-like components first
+        idx = idx[np.argsort(-(strong_frac[idx] + 0.002 * np.minimum(areas[idx], 200)))[:60]]
     polarity = _polarity(name)
     out: list[_Cand] = []
     for i in idx:
@@ -1168,14 +1178,14 @@ def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]
 # ----------------------------------------------------------------------------- tiny symbols
 
 # Tiny glyphs (a few pixels after a figure is scaled down) have no resolvable spokes or barbs.
-# A compact, solid, strongly contrasting blob that is alone in its neighbourhood and rare in its
-# panel is reported as a symbol at a low confidence: for the region it indicates (the glyph's
-# neighbourhood) its exact kind does not matter.
-_TINY_MIN, _TINY_MAX = 4, 12
+# A compact, solid blob of colour ink, strongly contrasting, alone in its neighbourhood and of a
+# hue few other blobs of the panel have, is reported as a symbol at a low confidence: for the
+# region it indicates (the glyph's neighbourhood) its exact kind does not matter. White and
+# black specks are everywhere in grey texture, so only colour ink is read this way.
+_TINY_MIN, _TINY_MAX = 4, 16  # glyph size, pixels
 _TINY_SCORE = 0.4
 _TINY_HUE = 25.0  # degrees: blobs of about one hue
-_TINY_ALIKE = 6
-_TINY_ALIKE_NEUTRAL = 0  # white or black blobs: any speckle is texture  # more blobs of the glyph's hue than this: texture
+_TINY_ALIKE = 9  # more blobs of the glyph's hue than this in the panel: texture
 
 
 def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
@@ -1188,8 +1198,8 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
     big = np.maximum(ws, hs)
     small = np.minimum(ws, hs)
     density = areas / np.maximum(ws * hs, 1)
-    tiny = (big >= _TINY_MIN) & (big <= _TINY_MAX) & (small >= 3) & (big <= 1.7 * small)
-    tiny &= (density >= 0.3) & (areas >= 8)
+    tiny = (big >= _TINY_MIN) & (big <= _TINY_MAX) & (small >= 3) & (big <= 2.5 * small)
+    tiny &= (density >= 0.2) & (areas >= 8)
     tiny[0] = False
     idx = np.nonzero(tiny)[0]
     if idx.size == 0:
@@ -1212,11 +1222,8 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
         x, y, w, h = (int(v) for v in stats[i, :4])
         if text[y + h // 2, x + w // 2]:
             continue
-        if colour:
-            dh = np.abs(np.angle(np.exp(1j * (mean_hue - mean_hue[i]))))
-            if np.count_nonzero(blobs & (dh <= math.radians(_TINY_HUE))) > _TINY_ALIKE:
-                continue
-        elif np.count_nonzero(blobs) > _TINY_ALIKE_NEUTRAL:
+        dh = np.abs(np.angle(np.exp(1j * (mean_hue - mean_hue[i]))))
+        if np.count_nonzero(blobs & (dh <= math.radians(_TINY_HUE))) > _TINY_ALIKE:
             continue
         sub = labels[y : y + h, x : x + w] == i
         if float(core[y : y + h, x : x + w][sub].mean()) < 0.6:
@@ -1226,7 +1233,7 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
         x0, y0 = max(0, x - r), max(0, y - r)
         x1, y1 = min(panel.w, x + w + r), min(panel.h, y + h + r)
         around = labels[y0:y1, x0:x1]
-        if np.count_nonzero((around > 0) & (around != i)) > 0.3 * areas[i]:
+        if np.count_nonzero((around > 0) & (around != i)) > 1.0 * areas[i]:
             continue
         col = _mean_colour(panel.rgb[y : y + h, x : x + w], sub) if colour else None
         ys, xs = np.nonzero(sub)
@@ -1237,7 +1244,7 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
             (ys + y).astype(np.float64),
             None if col is None else np.array(col, dtype=np.float32),
         )
-        if ink.contrast < 80:
+        if ink.contrast < 45:
             continue
         kind = "star" if density[i] >= 0.45 else "asterisk"
         out.append(
@@ -1906,7 +1913,8 @@ def detect_markers(image: np.ndarray, panel_box: Box) -> list[Marker]:
             text_zone |= text
         cands += _head_arrows(panel, _STRONG[name], text)
         cands += _component_shapes(panel, name, text)
-        cands += _tiny_symbols(panel, name, text)
+        if name == "colour":
+            cands += _tiny_symbols(panel, name, text)
         cands += _dashed_outlines(panel, name)
         cands += _line_rectangles(panel, name)
     cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]

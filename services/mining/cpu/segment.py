@@ -10,8 +10,10 @@
    content, so boxes never swallow them;
 3. the remaining ink forms parts (blobs bridging 1-2 px gaps, overlapping boxes merged); images,
    and big blobs of touching panels, are split along straight full-length boundaries: a line of
-   background colour, or a colour step present along most of the line that stands out from the
-   texture beside it and is not one of many parallel ones (stripes, fringes);
+   background colour (in any big blob: a line with no ink at all between panel-sized sides, or a
+   near-blank line between two image edges, as left by 1-2 px gutters with JPEG specks), or a
+   colour step present along most of the line that stands out from the texture beside it and is
+   not one of many parallel ones (stripes, fringes);
 4. a label guess is kept when it heads a panel-sized part at its lower right (tick labels in a
    right-aligned column and text inside panels are not labels); images carrying a label-like glyph
    in the same corner inside (the commonest corner of the figure) head their own panel too;
@@ -374,6 +376,8 @@ def corner_glyphs(
     together with their neighbours on the same line ("(a)", "1a").
     """
     x1, y1, x2, y2 = box
+    # in a figure of images only, "glyphs" found by the text unit are texture: labels are smaller
+    u = min(u, max(8.0, 0.02 * max(gray.shape)))
     side = min(x2 - x1, y2 - y1)
     size = int(np.clip(0.3 * side, 3.0 * u, 8.0 * u))
     size = min(size, x2 - x1, y2 - y1)
@@ -387,7 +391,12 @@ def corner_glyphs(
         if crop.size == 0 or int(crop.max()) - int(crop.min()) < 60:
             continue
         threshold, _ = cv2.threshold(crop, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
-        masks = [(True, crop >= 230, False), (False, crop <= 30, False)]
+        # near-white / near-black, relative to the ground: JPEG dims thin strokes of a pure white
+        # glyph on a dark image (or lifts a black one on a light image) and breaks them apart
+        ground = float(np.median(crop))
+        light = min(230.0, max(185.0, ground + 0.7 * (255.0 - ground)))
+        dark = max(30.0, min(70.0, 0.3 * ground))
+        masks = [(True, crop >= light, False), (False, crop <= dark, False)]
         if otsu:
             masks += [(True, crop > threshold, True), (False, crop <= threshold, True)]
         seen: set[IntBox] = set()
@@ -473,7 +482,10 @@ def _glyph_groups(
         ax1, ay1 = max(0, bx - margin), max(0, by - margin)
         ax2, ay2 = min(size, bx + bw + margin), min(size, by + bh + margin)
         ring = labels[ay1:ay2, ax1:ax2]
-        others = [int(o) for o in np.unique(ring) if o and o != cid]
+        # a strip of background along the panel's edge spans the window: it is no neighbour
+        others = [
+            int(o) for o in np.unique(ring) if o and o != cid and max(stats[o, 2], stats[o, 3]) < 0.8 * size
+        ]
         bottom = by + bh
         mates = [
             o
@@ -668,7 +680,7 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
     """Guillotine-split a part along straight boundaries: dense parts (images), and big parts of
     any kind (touching panels join plots and images into one blob)."""
     x1, y1, x2, y2 = box
-    if depth > 6 or min(x2 - x1, y2 - y1) < 8 * u:
+    if depth > 6 or min(x2 - x1, y2 - y1) < 6 * u:
         return [box]
     fill = float(mask[y1:y2, x1:x2].mean())
     if fill < 0.85 and (x2 - x1) * (y2 - y1) < 0.1 * mask.size:
