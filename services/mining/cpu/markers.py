@@ -1185,7 +1185,7 @@ def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]
 _TINY_MIN, _TINY_MAX = 4, 16  # glyph size, pixels
 _TINY_SCORE = 0.4
 _TINY_HUE = 25.0  # degrees: blobs of about one hue
-_TINY_ALIKE = 9  # more blobs of the glyph's hue than this in the panel: texture
+_TINY_ALIKE = 6  # more blobs of the glyph's hue than this in the panel: texture
 
 
 def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
