@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from p2p.mining.evaluate import Tally, score_figure
-from p2p.mining.types import MinedPanel, Marker, MiningResult
+from p2p.mining.types import Marker, MinedPanel, MiningResult
 
 TRUTH = {
     "width": 200,
