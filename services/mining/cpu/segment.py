@@ -630,8 +630,8 @@ def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis:
         if blank.size:
             return int(blank[blank.size // 2]) + wide
         inner_ink = ink[margin : length - margin]
-        for c in np.flatnonzero(inner_ink <= 0.01):
-            c = int(c) + margin
+        for offset in np.flatnonzero(inner_ink <= 0.01):
+            c = int(offset) + margin
             lo, hi = c - 1, c + 1
             while lo > 0 and ink[lo] <= 0.01:
                 lo -= 1
@@ -646,8 +646,8 @@ def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis:
     steady = edges.profile("steady", box, axis)
     d = edges.steps(axis)[y1:y2, x1:x2]
     lines = d.T if axis == 0 else d  # one row per candidate line position
-    for c in np.argsort(-inner)[:6]:
-        c = int(c) + margin
+    for offset in np.argsort(-inner)[:6]:
+        c = int(offset) + margin
         if strength[c] < 20.0:
             break
         # the step must stand out from the steps parallel to it, line position by position
