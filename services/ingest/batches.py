@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from p2p.ingest.service import ingest_figure
 from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
-from p2p.ingest.sources.files import LocalFiles, S3Files, SourceFiles
+from p2p.ingest.sources.files import FileTooLarge, LocalFiles, S3Files, SourceFiles
 from p2p.ingest.sources.manifest import iter_manifest
 from p2p.ingest.sources.pmc import iter_pmc_package
 from p2p.ingest.sources.webdataset import iter_webdataset
@@ -96,6 +96,9 @@ class _StoreFiles:
         return self.store.open(self._key(rel))
 
     def read_bytes(self, rel: str, max_bytes: int) -> bytes:
+        size = self.store.size(self._key(rel))
+        if size > max_bytes:
+            raise FileTooLarge(rel, size, max_bytes)
         return self.store.get_bytes(self._key(rel))
 
     def download(self, rel: str, fileobj: BinaryIO) -> None:
