@@ -1054,16 +1054,19 @@ def _mean_colour(rgb: np.ndarray, mask: np.ndarray) -> tuple[int, int, int]:
     return (int(mean[0]), int(mean[1]), int(mean[2]))
 
 
+def _component_measures(stats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Area, longer side, shorter side and box fill of each connected component."""
+    areas = stats[:, cv2.CC_STAT_AREA]
+    ws = stats[:, cv2.CC_STAT_WIDTH]
+    hs = stats[:, cv2.CC_STAT_HEIGHT]
+    return areas, np.maximum(ws, hs), np.minimum(ws, hs), areas / np.maximum(ws * hs, 1)
+
+
 def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
     n, labels, stats = panel.components(name)
     if n <= 1:
         return []
-    areas = stats[:, cv2.CC_STAT_AREA]
-    ws = stats[:, cv2.CC_STAT_WIDTH]
-    hs = stats[:, cv2.CC_STAT_HEIGHT]
-    big = np.maximum(ws, hs)
-    small = np.minimum(ws, hs)
-    density = areas / np.maximum(ws * hs, 1)
+    areas, big, small, density = _component_measures(stats)
     limit = 0.7 * max(panel.w, panel.h)
     keep = (areas >= 10) & (big >= 6) & (big <= limit) & (density <= 0.7)
     colour = name == "colour"
@@ -1192,12 +1195,7 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
     n, labels, stats = panel.components(name)
     if n <= 1:
         return []
-    areas = stats[:, cv2.CC_STAT_AREA]
-    ws = stats[:, cv2.CC_STAT_WIDTH]
-    hs = stats[:, cv2.CC_STAT_HEIGHT]
-    big = np.maximum(ws, hs)
-    small = np.minimum(ws, hs)
-    density = areas / np.maximum(ws * hs, 1)
+    areas, big, small, density = _component_measures(stats)
     tiny = (big >= _TINY_MIN) & (big <= _TINY_MAX) & (small >= 3) & (big <= 2.5 * small)
     tiny &= (density >= 0.2) & (areas >= 8)
     tiny[0] = False
