@@ -631,3 +631,14 @@ def test_main_prints_table_and_writes_json(tmp_path: Path, capsys: pytest.Captur
     assert "baseline_paren_split" in printed and "prostate" in printed
     saved = json.loads(out.read_text(encoding="utf-8"))
     assert saved["prostate"]["splitter"]["exact"] == pytest.approx(0.75)
+
+
+def test_one_letter_abbreviations_do_not_start_labels() -> None:
+    caption = (
+        "Findings in liver disease. (a): TEM image of nanoplates. (b): Correlation between TP53 and MYC. "
+        "(c): SEM image of nanoshells. (d, e): Box plots of expression (d) and FTIR spectra (e). "
+        "(f): Kaplan-Meier curves of survival. Data in b, d, e and f are mean ± s.d. of three experiments."
+    )
+    split = split_caption(caption, ["a", "b", "c", "d", "e", "f"])
+    for label in ("b", "d", "e", "f"):
+        assert split.subcaptions[label].endswith("mean ± s.d. of three experiments."), label

@@ -113,7 +113,8 @@ _PAREN_CONT_RE = re.compile(
 )
 # Bare labels at a fragment start: "A. ", "A) ", "A and C: ", "A, ", "a Filtered", "b, c The".
 _BARE_RE = re.compile(
-    r"(?:^|(?<=[.;:!?,\n])\s{0,5}|(?<=\))\s{1,5})(?P<expr>"
+    # Glued to a one-letter abbreviation ("s.d.", "e.g.") a letter is not a label "d." / "g.".
+    r"(?:^|(?<=[;:!?,\n])\s{0,5}|(?<=\.)\s{1,5}|(?<=\.)(?<!\b[a-z]\.)|(?<=\))\s{1,5})(?P<expr>"
     + _EXPR
     + r")(?P<term>\.(?=\s)|\)|:|,(?=\s)|(?=\s))"
 )
@@ -132,7 +133,8 @@ _POSITION_WORD = (
 _POSITION = _POSITION_WORD + r"(?:[ " + _DASH_CHARS + r"]" + _POSITION_WORD + r")?"
 _POSITION_TAIL = r"(?:\s{1,3}(?:[Pp]anels?|[Ii]mages?|[Rr]ows?|[Cc]olumns?|[Ii]nsets?|[Pp]arts?))?"
 _POSITION_BARE_RE = re.compile(
-    r"(?:^|(?<=[.;:!?,\n])\s{0,5}|(?<=\))\s{1,5})(?P<expr>"
+    # Glued to a one-letter abbreviation ("s.d.", "e.g.") a letter is not a label "d." / "g.".
+    r"(?:^|(?<=[;:!?,\n])\s{0,5}|(?<=\.)\s{1,5}|(?<=\.)(?<!\b[a-z]\.)|(?<=\))\s{1,5})(?P<expr>"
     + _POSITION
     + r")"
     + _POSITION_TAIL
