@@ -137,13 +137,17 @@ def open_items(
             spool = stack.enter_context(tempfile.TemporaryFile())
             files.download(name, spool)
             spool.seek(0)
-            yield iter_pmc_package(
-                spool,
-                name,
-                max_image_bytes=cap,
-                max_members=settings.ingest.max_package_members,
-                max_total_bytes=settings.ingest.max_package_bytes,
-            )
+            yield pmc_items(spool, name, settings)
+
+
+def pmc_items(stream: BinaryIO, name: str, settings: Settings) -> Iterator[SourceItem | ItemError]:
+    return iter_pmc_package(
+        stream,
+        name,
+        max_image_bytes=settings.ingest.max_upload_bytes,
+        max_members=settings.ingest.max_package_members,
+        max_total_bytes=settings.ingest.max_package_bytes,
+    )
 
 
 def _iter_shards(
@@ -168,6 +172,21 @@ def check_source(
         raise InvalidInput(exc.message, error_type=exc.error_type) from exc
     except FileNotFoundError as exc:
         raise InvalidInput(f"{source}: {exc}", error_type="source_not_found") from exc
+
+
+def check_upload(kind: BatchKind, stream: BinaryIO, name: str, *, settings: Settings) -> None:
+    """Refuse an uploaded package or shard before it is stored (first item parsed)."""
+    stream.seek(0)
+    try:
+        if kind is BatchKind.PMC:
+            items = pmc_items(stream, name, settings)
+        else:
+            items = iter_webdataset([(name, stream)], max_image_bytes=settings.ingest.max_upload_bytes)
+        next(items, None)
+    except SourceError as exc:
+        raise InvalidInput(exc.message, error_type=exc.error_type) from exc
+    finally:
+        stream.seek(0)
 
 
 def create_batch(session: Session, *, kind: BatchKind, source: str) -> Batch:

@@ -222,7 +222,3 @@ def _on_label(glyph: geometry.Box, label_boxes: Iterable[geometry.Box]) -> bool:
     glyph_area = geometry.area(glyph) or 1.0
     grown = [(b[0] - 4, b[1] - 4, b[2] + 4, b[3] + 4) for b in label_boxes]
     return any(geometry.intersection(glyph, b) >= 0.5 * glyph_area for b in grown)
-
-
-def panel_relative(box: geometry.Box, panel: geometry.Box) -> geometry.Box:
-    return geometry.translate(box, -panel[0], -panel[1])

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, BinaryIO
+from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Response, UploadFile, status
 from fastapi.concurrency import run_in_threadpool
@@ -12,7 +12,6 @@ from p2p.ingest.images import digest_stream
 from p2p.shared.db.models import Batch, BatchKind
 from p2p.shared.errors import InvalidInput
 from p2p.shared.schemas import BatchCreate, BatchItemPublic, BatchPublic
-from p2p.shared.settings import Settings
 from p2p.shared.storage import validate_key
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -75,7 +74,7 @@ async def upload_batch(
         digest = digest_stream(file.file, max_bytes=cap)
         key = validate_key(f"uploads/{digest.sha256}/{name}")
         # Check against a scratch copy first so a refused package leaves no object behind.
-        _check_uploaded(kind, file.file, name, settings)
+        batch_service.check_upload(kind, file.file, name, settings=settings)
         if not runtime.store.exists(key):
             runtime.store.put(
                 key,
@@ -90,30 +89,6 @@ async def upload_batch(
     await run_in_threadpool(batch_service.enqueue_batch, runtime, batch)
     response.headers["Location"] = f"/v1/batches/{batch.id}"
     return to_public(batch)
-
-
-def _check_uploaded(kind: BatchKind, stream: BinaryIO, name: str, settings: Settings) -> None:
-    from p2p.ingest.sources.base import SourceError
-    from p2p.ingest.sources.pmc import iter_pmc_package
-    from p2p.ingest.sources.webdataset import iter_webdataset
-
-    stream.seek(0)
-    try:
-        if kind is BatchKind.PMC:
-            items = iter_pmc_package(
-                stream,
-                name,
-                max_image_bytes=settings.ingest.max_upload_bytes,
-                max_members=settings.ingest.max_package_members,
-                max_total_bytes=settings.ingest.max_package_bytes,
-            )
-        else:
-            items = iter_webdataset([(name, stream)], max_image_bytes=settings.ingest.max_upload_bytes)
-        next(items, None)
-    except SourceError as exc:
-        raise InvalidInput(exc.message, error_type=exc.error_type) from exc
-    finally:
-        stream.seek(0)
 
 
 @router.get("/{batch_id}", response_model=BatchPublic)
