@@ -79,9 +79,54 @@ class ServerSettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
 
 
+class LvlmSettings(BaseModel):
+    """The LVLM backend: a vLLM OpenAI-compatible server running Qwen2.5-VL."""
+
+    base_url: str | None = Field(
+        default=None, description="vLLM server root, e.g. http://vllm:8000 (the /v1 API lives below it)."
+    )
+    model: str = "Qwen/Qwen2.5-VL-72B-Instruct"
+    api_key: SecretStr | None = None
+    mode: Literal["paper", "hybrid"] = Field(
+        default="hybrid",
+        description="paper: every stage asks the model; hybrid: CPU proposals, the model verifies and "
+        "describes, and decomposes only where the CPU backend is unsure.",
+    )
+    max_in_flight: int = Field(default=64, ge=1, le=4096, description="Requests in flight per worker process.")
+    timeout_s: float = Field(default=120.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    max_retries: int = Field(default=4, ge=0, description="Retries of one request on 429/5xx/timeouts.")
+    backoff_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=30.0, ge=0)
+    health_interval_s: float = Field(default=30.0, ge=0, description="How long a good health check counts.")
+    structured_output: Literal["structured_outputs", "guided_json", "response_format", "none"] = Field(
+        default="structured_outputs",
+        description="Request field carrying the answer's JSON schema (vLLM >= 0.12 uses structured_outputs).",
+    )
+    # Image budget: Qwen2.5-VL sees 28x28-pixel tokens; this bounds tokens and memory per request.
+    max_pixels: int = Field(default=28 * 28 * 1280, ge=28 * 28 * 4)
+    min_pixels: int = Field(default=28 * 28 * 4, ge=28 * 28)
+    # Set-of-mark multi-view voting (paper-faithful panel decomposition).
+    views: int = Field(default=5, ge=1, le=16)
+    view_min_side: float = Field(default=0.8, gt=0.2, le=1.0, description="Crops keep this share of each side.")
+    view_scale_min: float = Field(default=0.6, gt=0.05, le=1.0, description="Smallest pixel budget of a view.")
+    # Sampling defaults from the paper.
+    temperature: float = Field(default=0.2, ge=0)
+    top_p: float = Field(default=0.9, gt=0, le=1)
+    top_k: int = Field(default=50, ge=-1)
+    repetition_penalty: float = Field(default=1.05, gt=0)
+    max_tokens: int = Field(default=128, ge=1, description="Default answer budget; prompt files may ask more.")
+    max_tokens_by_prompt: dict[str, int] = Field(default_factory=dict)
+    hybrid_min_confidence: float = Field(
+        default=0.75, ge=0, le=1, description="Hybrid: below this CPU/LVLM agreement the figure is decomposed."
+    )
+    describe_regions: bool = True
+
+
 class MiningSettings(BaseModel):
-    backend: str = "cpu"
+    backend: Literal["cpu", "lvlm"] = "cpu"
     backend_version: str = "1"
+    lvlm: LvlmSettings = LvlmSettings()
 
 
 class Settings(BaseSettings):
@@ -103,6 +148,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_profile(self) -> Settings:
+        if self.mining.backend == "lvlm" and not self.mining.lvlm.base_url:
+            raise ValueError("the lvlm mining backend needs P2P_MINING__LVLM__BASE_URL")
         if self.profile != "production":
             return self
         missing = [
