@@ -5,6 +5,7 @@ Settings are read and validated here, once, when the worker starts.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery.signals import celeryd_after_setup
@@ -23,7 +24,13 @@ def _preload_models(sender: str, instance: Any, **_: Any) -> None:
     if MINING_QUEUE in queues:
         from p2p.mining.tasks import get_miner
 
-        get_miner()
+        backend = get_settings().mining.backend
+        miner = get_miner(backend)
+        if backend != "cpu":
+            try:
+                miner.ensure_ready()
+            except ConnectionError as exc:  # the worker starts anyway; each task checks again
+                logging.getLogger(__name__).warning("mining backend %s not ready: %s", backend, exc)
 
 
 __all__ = ["celery_app"]

@@ -226,6 +226,45 @@ def status() -> None:
         out.print(batches)
 
 
+@app.command()
+def cost(
+    backend: Annotated[str | None, typer.Option(help="Only this mining backend (cpu, lvlm).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Mining cost: LVLM requests, tokens, retries and fallbacks per figure and per stage."""
+    import json
+
+    from p2p.mining.costs import COUNTERS, aggregate_costs
+
+    runtime = _runtime(_settings())
+    try:
+        with runtime.session() as session:
+            rows = aggregate_costs(session, backend=backend)
+    finally:
+        runtime.close()
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        out.print("no finished mining jobs")
+        return
+    for row in rows:
+        table = Table(title=f"{row['backend']} {row['version']}: {row['figures']} figures")
+        table.add_column("stage")
+        for key in COUNTERS:
+            table.add_column(key, justify="right")
+        for stage, values in sorted(row["stages"].items()):
+            table.add_row(stage, *(str(values[k]) for k in COUNTERS))
+        table.add_row("total", *(str(row[k]) for k in COUNTERS))
+        per = row["per_figure"]
+        table.caption = (
+            f"per figure: {per['requests']} requests, {per['prompt_tokens']} prompt tokens, "
+            f"{per['completion_tokens']} completion tokens, {per['seconds']} s; "
+            f"{row['fallback_figures']} figures with a CPU fallback"
+        )
+        out.print(table)
+
+
 @keys_app.command("create")
 def keys_create(
     name: Annotated[str, typer.Option(help="Who or what uses the key.")],

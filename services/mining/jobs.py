@@ -19,11 +19,19 @@ import numpy as np
 from PIL import Image
 from sqlalchemy import delete, func, select
 
-from p2p.mining.pipeline import BACKEND, BACKEND_VERSION, CpuMiner
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
 from p2p.shared.db.base import utcnow
-from p2p.shared.db.models import Figure, FigureStatus, JobStatus, MiningJob, Panel, Region, RegionKind
+from p2p.shared.db.models import (
+    Article,
+    Figure,
+    FigureStatus,
+    JobStatus,
+    MiningJob,
+    Panel,
+    Region,
+    RegionKind,
+)
 from p2p.shared.runtime import Runtime
 from p2p.shared.storage import ObjectStore
 
@@ -43,11 +51,22 @@ class JobOutcome:
     skipped: str | None = None
 
 
+def job_backend(runtime: Runtime, job_id: uuid.UUID) -> str | None:
+    with runtime.session() as session:
+        return session.scalar(select(MiningJob.backend).where(MiningJob.id == job_id))
+
+
 def _lock_key(job_id: uuid.UUID) -> int:
     return int.from_bytes(job_id.bytes[:8], "big", signed=True)
 
 
-def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOutcome:
+def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any = None) -> JobOutcome:
+    """Mine one job with ``miner`` (a CpuMiner or an LvlmMiner).
+
+    When the model server is unavailable the job goes back to "queued" and the error propagates
+    (the task retries later); on the last attempt the caller passes ``fallback`` (the CPU miner)
+    and the figure is mined by it instead, with a note saying so.
+    """
     with runtime.engine.connect() as lock_conn:
         locked = lock_conn.scalar(select(func.pg_try_advisory_lock(_lock_key(job_id))))
         lock_conn.commit()
@@ -55,13 +74,16 @@ def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOutcome
             log.info("job %s is being mined by another worker; this delivery does nothing", job_id)
             return JobOutcome(job_id, JobStatus.RUNNING, skipped="locked")
         try:
-            return _mine_locked(runtime, job_id, miner)
+            return _mine_locked(runtime, job_id, miner, fallback)
         finally:
             lock_conn.scalar(select(func.pg_advisory_unlock(_lock_key(job_id))))
             lock_conn.commit()
 
 
-def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOutcome:
+def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any) -> JobOutcome:
+    from p2p.mining.lvlm.client import LvlmUnavailable
+    from p2p.mining.lvlm.prompts import FigureContext
+
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
         if job is None:
@@ -77,12 +99,26 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOut
         figure.status = FigureStatus.MINING
         session.commit()
         object_key, caption, figure_id = figure.object_key, figure.caption, figure.id
+        article = session.get(Article, figure.article_id) if figure.article_id else None
+        context = FigureContext(
+            caption=caption,
+            title=(article.title or "") if article else "",
+            abstract=(article.abstract or "") if article else "",
+        )
 
     started = time.perf_counter()
     data = runtime.store.get_bytes(object_key)  # transient store errors propagate: the task retries
     try:
         image = _decode(data)
-        result = miner.mine(image, caption)
+        try:
+            result = miner.mine(image, caption, context=context)
+        except LvlmUnavailable as exc:
+            if fallback is None:
+                _requeue(runtime, job_id, f"model server unavailable: {exc}")
+                raise
+            miner = fallback
+            result = miner.mine(image, caption, context=context)
+            result.notes.append(f"model server unavailable ({exc}); mined with the CPU backend")
     except PermanentMiningError as exc:
         mark_failed(runtime, job_id, str(exc))
         return JobOutcome(job_id, JobStatus.FAILED)
@@ -92,11 +128,14 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOut
     total = time.perf_counter() - started
     params = miner.params.as_dict()
     provenance: dict[str, Any] = {
-        "backend": BACKEND,
-        "version": BACKEND_VERSION,
+        "backend": miner.backend,
+        "version": miner.version,
         "params": params,
         "job_id": str(job_id),
+        **{k: v for k, v in result.provenance.items() if k not in ("backend", "prompts")},
     }
+    if miner.prompt_version:
+        provenance["prompt_version"] = miner.prompt_version
 
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
@@ -113,6 +152,7 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOut
                 box=[round(v, 2) for v in panel.box],
                 crop_key=crop_key,
                 subcaption=panel.subcaption,
+                description=panel.description,
                 figure_type=panel.figure_type,
                 confidence=round(panel.confidence, 4),
                 provenance={
@@ -145,15 +185,35 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: CpuMiner) -> JobOut
                 )
             )
         job.status = JobStatus.SUCCEEDED
-        job.backend_version = job.backend_version or BACKEND_VERSION
-        job.params = params
+        job.params = {**params, "miner_version": miner.version}
+        job.prompt_version = miner.prompt_version
         job.stage_timings = {k: round(v, 4) for k, v in result.stage_seconds.items()}
-        job.cost = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "seconds": round(total, 4)}
+        job.cost = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            **result.cost,
+            "seconds": round(total, 4),
+        }
         job.notes = result.notes
         job.finished_at = utcnow()
         figure.status = FigureStatus.MINED
         session.commit()
     return JobOutcome(job_id, JobStatus.SUCCEEDED, panels=len(result.panels), regions=len(result.regions))
+
+
+def _requeue(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:
+    """Back to "queued" while the task waits to retry: never left "running"."""
+    with runtime.session() as session:
+        job = session.get(MiningJob, job_id)
+        if job is None or job.status is not JobStatus.RUNNING:
+            return
+        job.status = JobStatus.QUEUED
+        job.error = reason[:2000]
+        figure = session.get(Figure, job.figure_id)
+        if figure is not None:
+            figure.status = FigureStatus.QUEUED
+        session.commit()
 
 
 def mark_failed(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:

@@ -57,6 +57,10 @@ class _Timer:
 class CpuMiner:
     """Loads its models once; ``mine`` is safe to call from several threads."""
 
+    backend = BACKEND
+    version = BACKEND_VERSION
+    prompt_version: str | None = None
+
     def __init__(
         self,
         params: CpuMinerParams | None = None,
@@ -84,7 +88,11 @@ class CpuMiner:
                 self._text_encoder = TextEncoder()
             return self._text_encoder
 
-    def mine(self, image: np.ndarray, caption: str) -> MiningResult:
+    def ensure_ready(self) -> None:
+        """Nothing external to wait for: the models are loaded in ``__init__``."""
+
+    def mine(self, image: np.ndarray, caption: str, *, context: Any = None) -> MiningResult:
+        """``context`` (title, abstract) is for backends that read it; this one does not."""
         from p2p.mining.captions import split_caption
         from p2p.mining.cpu.labels import assign_labels, find_labels, reading_order
         from p2p.mining.cpu.markers import detect_markers

@@ -1,4 +1,4 @@
-"""Celery tasks of the mining queue. Heavy models load on the first task of each process."""
+"""Celery tasks of the mining queue. Heavy models load once per process (at worker start)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,30 @@ import uuid
 from typing import Any
 
 from p2p.shared.queue import MINE_FIGURE_TASK, celery_app
+from p2p.shared.settings import get_settings
 from p2p.shared.tasks import P2PTask
 
 log = logging.getLogger(__name__)
 
-_miner: Any = None
-_miner_lock = threading.Lock()
+_miners: dict[str, Any] = {}
+_miners_lock = threading.Lock()
 
 
-def get_miner() -> Any:
-    """The process's CPU miner (models loaded once, shared by threads)."""
-    global _miner
-    with _miner_lock:
-        if _miner is None:
+def get_miner(backend: str = "cpu") -> Any:
+    """The process's miner for ``backend`` (models loaded once, shared by threads). The LVLM
+    miner wraps the process's CPU miner, which proposes and stands in for it."""
+    with _miners_lock:
+        if "cpu" not in _miners:
             from p2p.mining.pipeline import CpuMiner
 
-            _miner = CpuMiner()
-        return _miner
+            _miners["cpu"] = CpuMiner()
+        if backend == "lvlm" and "lvlm" not in _miners:
+            from p2p.mining.lvlm.miner import LvlmMiner
+
+            _miners["lvlm"] = LvlmMiner(get_settings().mining.lvlm, cpu=_miners["cpu"])
+        if backend not in _miners:
+            raise ValueError(f"unknown mining backend {backend!r}")
+        return _miners[backend]
 
 
 class MiningTask(P2PTask):
@@ -42,7 +49,15 @@ class MiningTask(P2PTask):
 
 @celery_app.task(name=MINE_FIGURE_TASK, base=MiningTask, bind=True)
 def mine_figure_task(self: MiningTask, job_id: str) -> None:
-    from p2p.mining.jobs import mine_job
+    from p2p.mining.jobs import job_backend, mine_job
 
-    outcome = mine_job(self.runtime, uuid.UUID(job_id), get_miner())
+    backend = job_backend(self.runtime, uuid.UUID(job_id)) or "cpu"
+    miner = get_miner(backend)
+    last_attempt = self.request.retries >= (self.max_retries or 0)
+    fallback = None
+    if last_attempt and backend != "cpu":
+        fallback = get_miner("cpu")  # the model server stayed away: the CPU backend mines it
+    else:
+        miner.ensure_ready()  # the model server must be up before this worker takes the figure
+    outcome = mine_job(self.runtime, uuid.UUID(job_id), miner, fallback=fallback)
     log.info("mining job %s: %s", job_id, outcome)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from p2p.shared.geometry import Box
 
@@ -75,6 +76,7 @@ class MinedPanel:
     type_confidence: float
     confidence: float
     subcaption: str | None = None
+    description: str | None = None
 
 
 @dataclass
@@ -86,3 +88,5 @@ class MiningResult:
     regions: list[Region]
     stage_seconds: dict[str, float]
     notes: list[str]  # what could not be done, in words ("no labels found: reading order used")
+    cost: dict[str, Any] = field(default_factory=dict)  # LVLM requests, tokens, retries, fallbacks
+    provenance: dict[str, Any] = field(default_factory=dict)  # backend-specific: mode, prompt versions

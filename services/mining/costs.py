@@ -1,0 +1,57 @@
+"""LVLM cost per figure and per stage, summed over finished mining jobs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from p2p.shared.db.models import JobStatus, MiningJob
+
+COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "retries", "repairs", "fallbacks", "failures")
+
+
+def aggregate_costs(session: Session, *, backend: str | None = None) -> list[dict[str, Any]]:
+    """One row per (backend, version): figures, totals, per-figure means and per-stage totals."""
+    query = select(MiningJob.backend, MiningJob.backend_version, MiningJob.cost).where(
+        MiningJob.status == JobStatus.SUCCEEDED
+    )
+    if backend is not None:
+        query = query.where(MiningJob.backend == backend)
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, version, cost in session.execute(query):
+        row = groups.setdefault(
+            (name, version),
+            {
+                "backend": name,
+                "version": version,
+                "figures": 0,
+                "seconds": 0.0,
+                "latency_s": 0.0,
+                "fallback_figures": 0,
+                **dict.fromkeys(COUNTERS, 0),
+                "stages": defaultdict(lambda: dict.fromkeys(COUNTERS, 0)),
+            },
+        )
+        cost = cost or {}
+        row["figures"] += 1
+        row["seconds"] += float(cost.get("seconds") or 0.0)
+        row["latency_s"] += float(cost.get("latency_s") or 0.0)
+        row["fallback_figures"] += int(bool(cost.get("fallbacks")))
+        for key in COUNTERS:
+            row[key] += int(cost.get(key) or 0)
+        for stage, values in (cost.get("stages") or {}).items():
+            for key in COUNTERS:
+                row["stages"][stage][key] += int(values.get(key) or 0)
+    out = []
+    for row in groups.values():
+        figures = max(row["figures"], 1)
+        row["stages"] = dict(row["stages"])
+        row["per_figure"] = {
+            key: round(row[key] / figures, 3) for key in ("requests", "prompt_tokens", "completion_tokens")
+        }
+        row["per_figure"]["seconds"] = round(row["seconds"] / figures, 3)
+        out.append(row)
+    return sorted(out, key=lambda r: (r["backend"], r["version"]))
