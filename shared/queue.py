@@ -19,8 +19,16 @@ log = logging.getLogger(__name__)
 
 INGEST_QUEUE = "ingest"
 MINING_QUEUE = "mining"
+# LVLM jobs wait on their own queue: only workers configured for the model server take them.
+MINING_LVLM_QUEUE = "mining-lvlm"
 TRAINING_QUEUE = "training"
 EMBEDDING_QUEUE = "embedding"
+
+
+
+def mining_queue(backend: str) -> str:
+    return MINING_LVLM_QUEUE if backend == "lvlm" else MINING_QUEUE
+
 
 RUN_BATCH_TASK = "p2p.ingest.run_batch"
 MINE_FIGURE_TASK = "p2p.mining.mine_figure"

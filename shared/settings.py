@@ -148,8 +148,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_profile(self) -> Settings:
-        if self.mining.backend == "lvlm" and not self.mining.lvlm.base_url:
-            raise ValueError("the lvlm mining backend needs P2P_MINING__LVLM__BASE_URL")
         if self.profile != "production":
             return self
         missing = [

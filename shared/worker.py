@@ -10,7 +10,7 @@ from typing import Any
 
 from celery.signals import celeryd_after_setup
 
-from p2p.shared.queue import MINING_QUEUE, celery_app, configure_celery, import_task_modules
+from p2p.shared.queue import MINING_LVLM_QUEUE, MINING_QUEUE, celery_app, configure_celery, import_task_modules
 from p2p.shared.settings import get_settings
 
 configure_celery(get_settings())
@@ -19,18 +19,18 @@ import_task_modules()
 
 @celeryd_after_setup.connect
 def _preload_models(sender: str, instance: Any, **_: Any) -> None:
-    # A mining worker loads its models before it takes the first figure.
+    # A mining worker loads its models before it takes the first figure; an LVLM worker also
+    # checks the model server (it starts anyway when the server is not up yet: each task checks).
     queues = set(instance.app.amqp.queues.consume_from or {})
-    if MINING_QUEUE in queues:
-        from p2p.mining.tasks import get_miner
+    from p2p.mining.tasks import get_miner
 
-        backend = get_settings().mining.backend
-        miner = get_miner(backend)
-        if backend != "cpu":
-            try:
-                miner.ensure_ready()
-            except ConnectionError as exc:  # the worker starts anyway; each task checks again
-                logging.getLogger(__name__).warning("mining backend %s not ready: %s", backend, exc)
+    if MINING_QUEUE in queues:
+        get_miner("cpu")
+    if MINING_LVLM_QUEUE in queues:
+        try:
+            get_miner("lvlm").ensure_ready()
+        except ConnectionError as exc:
+            logging.getLogger(__name__).warning("model server not ready: %s", exc)
 
 
 __all__ = ["celery_app"]

@@ -21,11 +21,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 K8S = ROOT / "k8s"
+K8S_GPU = K8S / "gpu"
 NAMESPACE = "panel2patch"
 
 CELERY_APP = "p2p.shared.worker:celery_app"
 # Queues the Celery workers consume.
-CELERY_QUEUES = {"ingest", "mining", "training"}
+CELERY_QUEUES = {"ingest", "mining", "mining-lvlm", "training"}
 # `p2p` sub-commands that deployment files may run. `serve embedding-api` arrives with the
 # embedding service; the others exist in the CLI today.
 P2P_COMMANDS = {("serve", "ingest"), ("serve", "embedding-api"), ("db", "upgrade")}
@@ -121,7 +122,13 @@ def _compose_cli() -> list[str] | None:
     return None
 
 
-def _run_compose_config(tmp_path: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run_compose_config(
+    tmp_path: Path,
+    extra_env: dict[str, str],
+    *,
+    profiles: tuple[str, ...] = (),
+    config_args: tuple[str, ...] = ("-q",),
+) -> subprocess.CompletedProcess[str]:
     cli = _compose_cli()
     if cli is None:
         pytest.fail(
@@ -136,7 +143,16 @@ def _run_compose_config(tmp_path: Path, extra_env: dict[str, str]) -> subprocess
     env.pop("COMPOSE_PROJECT_NAME", None)
     env.update(extra_env)
     return subprocess.run(
-        [*cli, "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config", "-q"],
+        [
+            *cli,
+            *(arg for profile in profiles for arg in ("--profile", profile)),
+            "--env-file",
+            str(env_file),
+            "-f",
+            str(COMPOSE_FILE),
+            "config",
+            *config_args,
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -165,8 +181,8 @@ def _k8s_docs(path: Path) -> list[dict[str, Any]]:
 
 
 def _all_k8s_resources() -> list[tuple[Path, dict[str, Any]]]:
-    """Every document in k8s/*.yaml and k8s/optional/*.yaml except the kustomization."""
-    files = [*_k8s_files(), *sorted((K8S / "optional").glob("*.yaml"))]
+    """Every document in k8s/*.yaml, k8s/optional/*.yaml and k8s/gpu/*.yaml except kustomizations."""
+    files = [*_k8s_files(), *sorted((K8S / "optional").glob("*.yaml")), *sorted(K8S_GPU.glob("*.yaml"))]
     return [(path, doc) for path in files if path.name != "kustomization.yaml" for doc in _k8s_docs(path)]
 
 
@@ -365,6 +381,140 @@ def test_compose_commands_are_known() -> None:
         assert f"-A {CELERY_APP} inspect ping" in check and "celery@$$HOSTNAME" in check, name
 
 
+# --------------------------------------------------------------------------- (b2) compose gpu profile
+
+VLLM_MODEL = "Qwen/Qwen2.5-VL-72B-Instruct"
+VLLM_URL = "http://vllm:8000"
+GPU_SERVICES = {"vllm", "lvlm-mining-worker"}
+# Server arguments the LVLM backend relies on, as (flag, value).
+VLLM_REQUIRED_ARGS = {
+    "--tensor-parallel-size": "4",
+    "--gpu-memory-utilization": "0.8",
+    "--max-model-len": "8192",
+    "--max-num-seqs": "512",
+    "--served-model-name": VLLM_MODEL,
+}
+VLLM_MAX_PIXELS = 28 * 28 * 1280
+
+
+def _flag_value(argv: list[str], flag: str) -> str:
+    """The value of `--flag value` or `--flag=value`; fails when the flag is absent."""
+    for index, arg in enumerate(argv):
+        if arg == flag:
+            assert index + 1 < len(argv), f"{flag} without a value"
+            return argv[index + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    raise AssertionError(f"{flag} missing from {argv}")
+
+
+def _check_vllm_argv(argv: list[str], where: str) -> None:
+    """`vllm serve MODEL` with the arguments the LVLM backend was sized for."""
+    assert argv[:3] == ["vllm", "serve", VLLM_MODEL], f"{where}: {argv[:3]}"
+    for flag, value in VLLM_REQUIRED_ARGS.items():
+        assert _flag_value(argv, flag) == value, f"{where}: {flag}"
+    assert "--enable-prefix-caching" in argv, where
+    limits = json.loads(_flag_value(argv, "--limit-mm-per-prompt"))
+    assert 1 <= limits["image"] <= 4, f"{where}: image limit {limits}"
+    kwargs = json.loads(_flag_value(argv, "--mm-processor-kwargs"))
+    assert kwargs["max_pixels"] == VLLM_MAX_PIXELS, f"{where}: {kwargs}"
+
+
+def _compose_vllm_argv(service: dict[str, Any]) -> list[str]:
+    return [*_as_argv(service.get("entrypoint")), *_as_argv(service.get("command"))]
+
+
+def test_compose_config_is_valid_with_gpu_profile(tmp_path: Path) -> None:
+    result = _run_compose_config(tmp_path, COMPOSE_REQUIRED_ENV, profiles=("gpu",))
+    assert result.returncode == 0, f"compose --profile gpu config failed:\n{result.stdout}\n{result.stderr}"
+
+
+def test_compose_gpu_services_only_with_their_profile() -> None:
+    """Without `--profile gpu` the CPU stack starts alone, so machines without GPUs still work.
+
+    (Read from the file: `config --services` of docker-compose 1.x lists every profile.)
+    """
+    services = _load_compose()["services"]
+    for name in GPU_SERVICES:
+        assert services[name].get("profiles") == ["gpu"], name
+    for name in set(services) - GPU_SERVICES:
+        assert "profiles" not in services[name], f"{name} must start without a profile"
+
+
+def test_compose_vllm_service() -> None:
+    data = _load_compose()
+    vllm = data["services"]["vllm"]
+    image, _, tag = vllm["image"].partition(":")
+    assert image == "vllm/vllm-openai"
+    assert re.fullmatch(r"v\d+\.\d+\.\d+(\.post\d+)?", tag), f"pin a release tag, not {tag!r}"
+    argv = _compose_vllm_argv(vllm)
+    _check_vllm_argv(argv, "compose vllm")
+    assert _flag_value(argv, "--dtype") == "${VLLM_DTYPE:-bfloat16}", "dtype must be configurable"
+
+    (device,) = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and int(device["count"]) == 4
+    assert "gpu" in device["capabilities"]
+    assert vllm.get("ipc") == "host" or vllm.get("shm_size"), "tensor parallelism needs shared memory"
+
+    mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in vllm["volumes"]}
+    cache = mounts.get("/root/.cache/huggingface")
+    assert cache in data["volumes"], "the model cache must be a named volume"
+    assert "HF_TOKEN" in vllm["environment"]
+
+    check = vllm["healthcheck"]
+    assert "http://localhost:8000/health" in json.dumps(check["test"])
+    start = str(check["start_period"])
+    minutes = int(start[:-1]) * {"s": 1 / 60, "m": 1, "h": 60}[start[-1]]
+    assert minutes >= 20, f"start_period {start} is too short to load a 72B model"
+
+
+def test_compose_lvlm_mining_worker() -> None:
+    data = _load_compose()
+    services = data["services"]
+    worker = services["lvlm-mining-worker"]
+    argv = _as_argv(worker["command"])
+    assert _celery_queue(argv) == "mining-lvlm"
+    assert "--pool=threads" in argv  # one process: one HTTP pool and one in-flight bound
+    assert worker["image"] == services["mining-worker"]["image"]
+    assert worker["build"] == services["mining-worker"]["build"]
+    env = worker["environment"]
+    for key, value in data["x-p2p-env"].items():
+        if key != "P2P_MINING__BACKEND":
+            assert env.get(key) == value, f"lvlm-mining-worker does not use x-p2p-env ({key})"
+    assert env["P2P_MINING__BACKEND"] == "lvlm"
+    assert env["P2P_MINING__LVLM__BASE_URL"] == VLLM_URL
+    assert env["P2P_MINING__LVLM__MODEL"] == _flag_value(
+        _compose_vllm_argv(services["vllm"]), "--served-model-name"
+    )
+    assert int(env["P2P_MINING__LVLM__MAX_PIXELS"]) == VLLM_MAX_PIXELS
+    # The key the worker sends is the one the server requires.
+    assert env["P2P_MINING__LVLM__API_KEY"] == services["vllm"]["environment"]["VLLM_API_KEY"]
+    assert worker["depends_on"]["vllm"]["condition"] == "service_healthy"
+    assert {"postgres", "redis", "minio", "migrate"} <= set(worker["depends_on"])
+    # The CPU backend stays the default everywhere else.
+    for name, service in services.items():
+        if name != "lvlm-mining-worker":
+            backend = (service.get("environment") or {}).get("P2P_MINING__BACKEND", "cpu")
+            assert backend in ("cpu", "${P2P_MINING_BACKEND:-cpu}"), name
+
+
+def test_compose_lvlm_worker_env_is_valid_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's P2P_ variables (compose defaults substituted) load into Settings."""
+    from p2p.shared.settings import Settings
+
+    env = _load_compose()["services"]["lvlm-mining-worker"]["environment"]
+    for key in list(os.environ):
+        if key.startswith("P2P_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        text = re.sub(r"\$\{[A-Z0-9_]+:[-?]([^}]*)\}", r"\1", str(value))
+        monkeypatch.setenv(key, text.replace("set ", "dummy-"))
+    lvlm = Settings().mining.lvlm
+    assert lvlm.base_url == VLLM_URL
+    assert lvlm.mode in {"paper", "hybrid"}
+    assert lvlm.api_key is not None and lvlm.api_key.get_secret_value(), "an empty key breaks the header"
+
+
 # --------------------------------------------------------------------------- (c) kubernetes
 
 
@@ -542,6 +692,136 @@ def test_k8s_datastores() -> None:
     (redis,) = _pod_spec(_find("StatefulSet", "redis"))["containers"]
     argv = _container_argv(redis)
     assert argv[argv.index("--appendonly") + 1] == "yes"
+
+
+def _gpu_kustomization() -> dict[str, Any]:
+    return yaml.safe_load((K8S_GPU / "kustomization.yaml").read_text())
+
+
+def _gpu_resources() -> list[dict[str, Any]]:
+    return [doc for name in _gpu_kustomization()["resources"] for doc in _k8s_docs(K8S_GPU / name)]
+
+
+def _find_gpu(kind: str, name: str) -> dict[str, Any]:
+    matches = [doc for doc in _gpu_resources() if doc["kind"] == kind and doc["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name} in k8s/gpu, found {len(matches)}"
+    return matches[0]
+
+
+def test_k8s_gpu_addon_is_separate_from_the_cpu_base() -> None:
+    kustomization = _gpu_kustomization()
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization.get("namespace") == NAMESPACE
+    listed = kustomization["resources"]
+    # kustomize refuses an overlay nested in its base (a cycle), so the add-on is applied
+    # after the base instead of including it.
+    assert not any(entry.startswith("..") for entry in listed)
+    files = {p.name for p in K8S_GPU.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(listed) == files == {"vllm.yaml", "mining-worker-lvlm.yaml"}
+    # The base stays CPU-only: no GPU object in `kubectl apply -k k8s/`.
+    base = _kustomized_resources()
+    assert not any(doc["metadata"]["name"] in {"vllm", "mining-worker-lvlm"} for doc in base)
+    assert "nvidia.com/gpu" not in json.dumps(base)
+    assert not any(doc["kind"] == "Secret" for doc in _gpu_resources())
+    assert "kubectl apply -k k8s/gpu" in (K8S_GPU / "kustomization.yaml").read_text()
+
+
+@pytest.mark.parametrize("directory", [K8S, K8S_GPU], ids=["base", "gpu"])
+def test_k8s_kustomize_builds(directory: Path) -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert all(
+        doc["metadata"]["namespace"] == NAMESPACE
+        for doc in yaml.safe_load_all(result.stdout)
+        if doc and doc["kind"] != "Namespace"
+    )
+
+
+def test_k8s_gpu_workloads_have_resources() -> None:
+    for doc in _gpu_resources():
+        if doc["kind"] != "Deployment":
+            continue
+        spec = _pod_spec(doc)
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            resources = container.get("resources") or {}
+            where = f"{doc['metadata']['name']}/{container['name']}"
+            assert resources.get("requests", {}).get("cpu"), f"{where}: no cpu request"
+            assert resources.get("requests", {}).get("memory"), f"{where}: no memory request"
+            assert resources.get("limits", {}).get("memory"), f"{where}: no memory limit"
+
+
+def test_k8s_vllm_deployment() -> None:
+    deployment = _find_gpu("Deployment", "vllm")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    spec = _pod_spec(deployment)
+    (container,) = spec["containers"]
+    assert container["image"] == _load_compose()["services"]["vllm"]["image"], "compose and k8s pin one image"
+    argv = _container_argv(container)
+    _check_vllm_argv(argv, "k8s vllm")
+    assert _flag_value(argv, "--dtype") == "$(VLLM_DTYPE)"
+    env = {item["name"]: item for item in container["env"]}
+    ref = env["VLLM_DTYPE"]["valueFrom"]["configMapKeyRef"]
+    assert _find_gpu("ConfigMap", ref["name"])["data"][ref["key"]] in {"bfloat16", "float16", "float32"}
+    assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+
+    resources = container["resources"]
+    assert int(resources["requests"]["nvidia.com/gpu"]) == 4
+    assert int(resources["limits"]["nvidia.com/gpu"]) == 4
+
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8000}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health", probe
+        assert container[probe]["httpGet"]["port"] in {8000, "http"}, probe
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60, "allow at least 20 min to load"
+
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    claim = volumes[mounts["/root/.cache/huggingface"]]["persistentVolumeClaim"]["claimName"]
+    _find_gpu("PersistentVolumeClaim", claim)
+
+    service = _find_gpu("Service", "vllm")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert any(p["port"] == 8000 for p in service["spec"]["ports"])
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+
+
+def test_k8s_lvlm_mining_worker() -> None:
+    deployment = _find_gpu("Deployment", "mining-worker-lvlm")
+    spec = _pod_spec(deployment)
+    (container,) = spec["containers"]
+    assert container["image"] == "panel2patch/mining:latest"
+    argv = _container_argv(container)
+    _check_command(argv, "k8s mining-worker-lvlm")
+    assert _celery_queue(argv) == "mining-lvlm"
+    assert "--pool=threads" in argv
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    script = container["livenessProbe"]["exec"]["command"][2]
+    assert re.search(r"celery@(\$HOSTNAME|\$\{HOSTNAME\})", script), script
+
+    sources = [(next(iter(ref)), next(iter(ref.values()))["name"]) for ref in container["envFrom"]]
+    assert ("configMapRef", "p2p-config") in sources and ("secretRef", "p2p-app") in sources
+    (lvlm_config,) = [name for kind, name in sources if kind == "configMapRef" and name != "p2p-config"]
+    data = _find_gpu("ConfigMap", lvlm_config)["data"]
+    assert all(key.startswith("P2P_MINING__") for key in data)
+    assert data["P2P_MINING__BACKEND"] == "lvlm"
+    service = _find_gpu("Service", "vllm")
+    assert data["P2P_MINING__LVLM__BASE_URL"] == f"http://{service['metadata']['name']}:8000" == VLLM_URL
+    vllm_argv = _container_argv(_pod_spec(_find_gpu("Deployment", "vllm"))["containers"][0])
+    assert data["P2P_MINING__LVLM__MODEL"] == _flag_value(vllm_argv, "--served-model-name")
+    assert int(data["P2P_MINING__LVLM__MAX_PIXELS"]) == VLLM_MAX_PIXELS
+    key_ref = {item["name"]: item for item in container["env"]}["P2P_MINING__LVLM__API_KEY"]
+    assert key_ref["valueFrom"]["secretKeyRef"]["optional"] is True
+    # The CPU backend stays the default for new jobs; the GPU add-on does not change it.
+    assert _find("ConfigMap", "p2p-config")["data"]["P2P_MINING__BACKEND"] == "cpu"
 
 
 # --------------------------------------------------------------------------- (d) Dockerfiles

@@ -17,7 +17,7 @@ from p2p.shared.db.base import new_id, utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
 from p2p.shared.errors import InvalidInput, ServiceUnavailable
 from p2p.shared.licenses import license_group, normalize_license
-from p2p.shared.queue import MINE_FIGURE_TASK, MINING_QUEUE, TaskDispatcher
+from p2p.shared.queue import MINE_FIGURE_TASK, TaskDispatcher, mining_queue
 from p2p.shared.schemas import ArticleIn, FigureMetadata
 from p2p.shared.settings import Settings
 from p2p.shared.storage import ObjectStore, content_key
@@ -161,7 +161,7 @@ def _dispatch(session: Session, dispatcher: TaskDispatcher, job: MiningJob) -> N
     if job.enqueued_at is not None or job.status != JobStatus.QUEUED:
         return
     try:
-        accepted = dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=MINING_QUEUE)
+        accepted = dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend))
     except Exception as exc:
         log.warning("could not enqueue mining job %s: %s", job.id, exc)
         raise ServiceUnavailable(

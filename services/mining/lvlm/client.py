@@ -115,7 +115,7 @@ class LvlmClient:
         self.settings = settings
         self.root = settings.base_url.rstrip("/").removesuffix("/v1")
         headers = {}
-        if settings.api_key is not None:
+        if settings.api_key is not None and settings.api_key.get_secret_value():
             headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
         self._http = httpx.AsyncClient(
             base_url=self.root,

@@ -66,6 +66,23 @@ def smart_resize(
     return h_bar, w_bar
 
 
+def sent_size(
+    height: int, width: int, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
+) -> tuple[int, int]:
+    """smart_resize until it no longer changes the size, so the processor will not resize again.
+
+    For very elongated images under a small budget the factor floor on the short side pushes the
+    product past max_pixels, and a second pass would shrink the long side once more.
+    """
+    size = (height, width)
+    for _ in range(8):
+        nxt = smart_resize(*size, min_pixels=min_pixels, max_pixels=max_pixels)
+        if nxt == size:
+            break
+        size = nxt
+    return size
+
+
 @dataclass(frozen=True)
 class ViewFrame:
     """A view sent to the model: ``crop`` of the original figure, resized to sent_width x sent_height."""
@@ -127,7 +144,7 @@ def prepare_view(
     x1, y1, x2, y2 = _integer_crop(crop, img_w, img_h)
     region = np.ascontiguousarray(image[y1:y2, x1:x2])
     crop_w, crop_h = x2 - x1, y2 - y1
-    sent_h, sent_w = smart_resize(crop_h, crop_w, min_pixels=min_pixels, max_pixels=max_pixels)
+    sent_h, sent_w = sent_size(crop_h, crop_w, min_pixels=min_pixels, max_pixels=max_pixels)
     if (sent_w, sent_h) != (crop_w, crop_h):
         shrinking = sent_w * sent_h < crop_w * crop_h
         resample = Image.Resampling.LANCZOS if shrinking else Image.Resampling.BICUBIC
