@@ -25,7 +25,6 @@ TRAINING_QUEUE = "training"
 EMBEDDING_QUEUE = "embedding"
 
 
-
 def mining_queue(backend: str) -> str:
     return MINING_LVLM_QUEUE if backend == "lvlm" else MINING_QUEUE
 

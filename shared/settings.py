@@ -92,7 +92,7 @@ class LvlmSettings(BaseModel):
         description="paper: every stage asks the model; hybrid: CPU proposals, the model verifies and "
         "describes, and decomposes only where the CPU backend is unsure.",
     )
-    max_in_flight: int = Field(default=64, ge=1, le=4096, description="Requests in flight per worker process.")
+    max_in_flight: int = Field(default=64, ge=1, le=4096, description="Requests in flight per process.")
     timeout_s: float = Field(default=120.0, gt=0)
     connect_timeout_s: float = Field(default=5.0, gt=0)
     max_retries: int = Field(default=4, ge=0, description="Retries of one request on 429/5xx/timeouts.")
@@ -108,17 +108,17 @@ class LvlmSettings(BaseModel):
     min_pixels: int = Field(default=28 * 28 * 4, ge=28 * 28)
     # Set-of-mark multi-view voting (paper-faithful panel decomposition).
     views: int = Field(default=5, ge=1, le=16)
-    view_min_side: float = Field(default=0.8, gt=0.2, le=1.0, description="Crops keep this share of each side.")
-    view_scale_min: float = Field(default=0.6, gt=0.05, le=1.0, description="Smallest pixel budget of a view.")
+    view_min_side: float = Field(default=0.8, gt=0.2, le=1.0, description="Crops keep this share of a side.")
+    view_scale_min: float = Field(default=0.6, gt=0.05, le=1.0, description="Smallest pixel budget of views.")
     # Sampling defaults from the paper.
     temperature: float = Field(default=0.2, ge=0)
     top_p: float = Field(default=0.9, gt=0, le=1)
     top_k: int = Field(default=50, ge=-1)
     repetition_penalty: float = Field(default=1.05, gt=0)
-    max_tokens: int = Field(default=128, ge=1, description="Default answer budget; prompt files may ask more.")
+    max_tokens: int = Field(default=128, ge=1, description="Default answer budget; prompts may ask more.")
     max_tokens_by_prompt: dict[str, int] = Field(default_factory=dict)
     hybrid_min_confidence: float = Field(
-        default=0.75, ge=0, le=1, description="Hybrid: below this CPU/LVLM agreement the figure is decomposed."
+        default=0.75, ge=0, le=1, description="Hybrid: below this CPU/LVLM agreement a figure is decomposed."
     )
     describe_regions: bool = True
 

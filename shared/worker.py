@@ -10,7 +10,13 @@ from typing import Any
 
 from celery.signals import celeryd_after_setup
 
-from p2p.shared.queue import MINING_LVLM_QUEUE, MINING_QUEUE, celery_app, configure_celery, import_task_modules
+from p2p.shared.queue import (
+    MINING_LVLM_QUEUE,
+    MINING_QUEUE,
+    celery_app,
+    configure_celery,
+    import_task_modules,
+)
 from p2p.shared.settings import get_settings
 
 configure_celery(get_settings())

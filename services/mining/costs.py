@@ -22,27 +22,25 @@ def aggregate_costs(session: Session, *, backend: str | None = None) -> list[dic
         query = query.where(MiningJob.backend == backend)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for name, version, cost in session.execute(query):
-        row = groups.setdefault(
-            (name, version),
-            {
-                "backend": name,
-                "version": version,
-                "figures": 0,
-                "seconds": 0.0,
-                "latency_s": 0.0,
-                "fallback_figures": 0,
-                **dict.fromkeys(COUNTERS, 0),
-                "stages": defaultdict(lambda: dict.fromkeys(COUNTERS, 0)),
-            },
-        )
-        cost = cost or {}
+        fresh: dict[str, Any] = {
+            "backend": name,
+            "version": version,
+            "figures": 0,
+            "seconds": 0.0,
+            "latency_s": 0.0,
+            "fallback_figures": 0,
+            **dict.fromkeys(COUNTERS, 0),
+            "stages": defaultdict(lambda: dict.fromkeys(COUNTERS, 0)),
+        }
+        row = groups.setdefault((name, version), fresh)
+        record: dict[str, Any] = dict(cost or {})
         row["figures"] += 1
-        row["seconds"] += float(cost.get("seconds") or 0.0)
-        row["latency_s"] += float(cost.get("latency_s") or 0.0)
-        row["fallback_figures"] += int(bool(cost.get("fallbacks")))
+        row["seconds"] += float(record.get("seconds") or 0.0)
+        row["latency_s"] += float(record.get("latency_s") or 0.0)
+        row["fallback_figures"] += int(bool(record.get("fallbacks")))
         for key in COUNTERS:
-            row[key] += int(cost.get(key) or 0)
-        for stage, values in (cost.get("stages") or {}).items():
+            row[key] += int(record.get(key) or 0)
+        for stage, values in (record.get("stages") or {}).items():
             for key in COUNTERS:
                 row["stages"][stage][key] += int(values.get(key) or 0)
     out = []

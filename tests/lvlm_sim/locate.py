@@ -20,7 +20,7 @@ import numpy as np
 
 Box = tuple[float, float, float, float]
 
-MIN_SCORE = 0.6  # ECC correlation below which a location is rejected
+MIN_SCORE = 0.45  # ECC correlation below which a location is rejected (drawn marks lower it)
 GOOD_SCORE = 0.985  # a candidate this good ends the search
 WORK_SIDE = 480  # received images are located at most this large
 
@@ -202,13 +202,17 @@ def _refine(index: FigureIndex, gray: np.ndarray, start: Placement) -> Placement
     criteria = (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 80, 1e-6)
     blur = 3 if min(rw, rh) >= 24 else 1
     try:
-        score, warp = cv2.findTransformECC(gray, fig, warp, cv2.MOTION_AFFINE, criteria, None, blur)  # type: ignore[call-overload]
+        score, warp = cv2.findTransformECC(  # type: ignore[call-overload]
+            gray, fig, warp, cv2.MOTION_AFFINE, criteria, None, blur
+        )
     except cv2.error:
         return None
     a, d = float(warp[0, 0]), float(warp[1, 1])
     if a <= 0 or d <= 0 or abs(float(warp[0, 1])) > 0.05 * a or abs(float(warp[1, 0])) > 0.05 * d:
         return None
     sx, sy = fx / a, fy / d
+    if not 0.6 < sx / sy < 1.67:  # resizing to multiples of 28 distorts a little, never this much
+        return None
     ox = (float(warp[0, 2]) + 0.5 - 0.5 * a) / fx
     oy = (float(warp[1, 2]) + 0.5 - 0.5 * d) / fy
     place = Placement(ox, oy, sx, sy, rw, rh, float(score))

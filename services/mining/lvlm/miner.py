@@ -340,14 +340,14 @@ class LvlmMiner:
         if described is None and items:
             run.fallback("describe", "no usable descriptions")
         elif described is not None:
-            by_mark = {d.mark: d for d in described.descriptions}
+            descriptions = {d.mark: d for d in described.descriptions}
             dropped = []
             for i, panel in enumerate(panels):
-                d = by_mark.get(i + 1)
+                d = descriptions.get(i + 1)
                 panel.description = (d.description.strip() or None) if d else None
             kept_regions = []
             for j, region in enumerate(regions):
-                d = by_mark.get(len(panels) + j + 1)
+                d = descriptions.get(len(panels) + j + 1)
                 if d is not None and not d.keep:
                     dropped.append(j)
                     continue

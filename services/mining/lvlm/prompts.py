@@ -1,6 +1,6 @@
 """Prompts as versioned files, and the request messages built from them.
 
-Each file in ``prompts/`` starts with ``# name:``, ``# version:`` and ``# max_tokens:`` header
+Each file in ``prompt_files/`` starts with ``# name:``, ``# version:`` and ``# max_tokens:`` header
 lines, then the fixed instructions. The instructions go first and alone in the system message so
 vLLM's prefix cache can reuse them across figures; the per-figure context (image size, title,
 abstract, caption, marks) follows in the user message after the image.
@@ -61,10 +61,10 @@ def parse_prompt_file(text: str) -> Prompt:
 def load_prompt(name: str) -> Prompt:
     if name not in PROMPT_NAMES:
         raise KeyError(f"unknown prompt {name!r}")
-    text = resources.files("p2p.mining.lvlm").joinpath("prompts", f"{name}.txt").read_text("utf-8")
+    text = resources.files("p2p.mining.lvlm").joinpath("prompt_files", f"{name}.txt").read_text("utf-8")
     prompt = parse_prompt_file(text)
     if prompt.name != name:
-        raise ValueError(f"prompts/{name}.txt declares name {prompt.name!r}")
+        raise ValueError(f"prompt_files/{name}.txt declares name {prompt.name!r}")
     return prompt
 
 
