@@ -642,3 +642,12 @@ def test_one_letter_abbreviations_do_not_start_labels() -> None:
     split = split_caption(caption, ["a", "b", "c", "d", "e", "f"])
     for label in ("b", "d", "e", "f"):
         assert split.subcaptions[label].endswith("mean ± s.d. of three experiments."), label
+
+
+def test_a_bare_label_before_a_letter_digit_word_is_still_a_label() -> None:
+    # "b, T2-weighted": "T2" looks like a label token; the label list must not swallow it and
+    # lose "b" (the expression backtracks to "b" when "b, T2" does not end like a label).
+    caption = "Pre. a, Overview. b, T2-weighted MR image. c, Correlation."
+    split = split_caption(caption, ["a", "b", "c"])
+    assert split.subcaptions["b"].startswith("b, T2-weighted MR image.")
+    assert split.subcaptions["c"].startswith("c, Correlation.")

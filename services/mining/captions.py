@@ -97,7 +97,7 @@ _SEP = (
     r"|\s{1,3}&\s{1,3}|\s{0,3}/\s{0,3})"
 )
 # Possessive repetitions: a failed match never backtracks into the list (linear scanning).
-_EXPR = _TOK + r"(?:" + _SEP + _TOK + r"){0,9}+"
+_EXPR = _TOK + r"(?:" + _SEP + _TOK + r"){0,9}"
 _PTOK = r"(?:\(\s{0,3}" + _TOK + r"\s{0,3}\)|" + _TOK + r")"
 _PEXPR = _PTOK + r"(?:" + _SEP + _PTOK + r"){0,9}+"
 

@@ -137,7 +137,6 @@ class LvlmMiner:
         s = self.settings
         timer: dict[str, float] = {}
         height, width = image.shape[:2]
-        split = split_caption(ctx.caption)
         t0 = time.perf_counter()
         voted = await decompose_panels(run, image, ctx, s)
         timer["panels"] = time.perf_counter() - t0
@@ -147,7 +146,8 @@ class LvlmMiner:
             panels = cpu_result.panels
             run.notes.extend(cpu_result.notes)
         else:
-            panels = await asyncio.to_thread(self._panels_from_votes, image, voted, split, ctx.caption, run)
+            panels = await asyncio.to_thread(self._panels_from_votes, image, voted, ctx.caption, run)
+        split = split_caption(ctx.caption, [p.label for p in panels if p.label] or None)
 
         t0 = time.perf_counter()
         regions, markers = await self._regions(run, image, panels, split, ctx)
@@ -162,9 +162,12 @@ class LvlmMiner:
         return MiningResult(width, height, panels, markers, regions, timer, notes=[])
 
     def _panels_from_votes(
-        self, image: np.ndarray, voted: list[VotedPanel], split: CaptionSplit, caption: str, run: FigureRun
+        self, image: np.ndarray, voted: list[VotedPanel], caption: str, run: FigureRun
     ) -> list[MinedPanel]:
-        labels = _reconcile_labels([v.panel_id for v in voted], split.labels_in_order, run)
+        split, mentioned = caption_labels(caption, [v.panel_id for v in voted])
+        labels = _reconcile_labels([v.panel_id for v in voted], mentioned, run)
+        if labels != [v.panel_id for v in voted]:
+            split, _ = caption_labels(caption, labels)
         panels: list[MinedPanel] = []
         for vote, label in zip(voted, labels, strict=True):
             subcaption = vote.subcaption.strip()
@@ -285,7 +288,6 @@ class LvlmMiner:
         cpu_result = await asyncio.to_thread(self.cpu.mine, image, ctx.caption)
         timer = {f"cpu_{k}": v for k, v in cpu_result.stage_seconds.items()}
         panels, regions = cpu_result.panels, cpu_result.regions
-        split = split_caption(ctx.caption)
         boxes = [p.box for p in panels]
 
         t0 = time.perf_counter()
@@ -298,6 +300,9 @@ class LvlmMiner:
         else:
             answer, own = verdict
             by_mark = {v.mark: v for v in answer.marks}
+            hints = [p.label for p in panels] + [v.panel_id for v in answer.marks]
+            _, mentioned = caption_labels(ctx.caption, hints)
+            relabelled = False
             agree = 0
             rejected = 0
             for i, panel in enumerate(panels):
@@ -308,12 +313,17 @@ class LvlmMiner:
                 box = own[i]
                 if box is not None and geometry.iou(box, panel.box) >= AGREE_IOU:
                     agree += 1
-                if v is not None and v.panel_id and v.panel_id in split.labels_in_order:
-                    panel.label = v.panel_id
+                if v is not None and v.panel_id in mentioned and v.panel_id != panel.label:
+                    panel.label, relabelled = v.panel_id, True
             confidence = agree / len(panels) if panels else 0.0
             decompose = confidence < s.hybrid_min_confidence or answer.missing_panels > 0 or rejected > 0
             for panel in panels:
                 panel.confidence = min(panel.confidence, 1.0) * (0.5 + 0.5 * confidence)
+            if relabelled:
+                run.note("hybrid: panel labels corrected by the model; subcaptions re-split")
+                split, _ = caption_labels(ctx.caption, [p.label for p in panels])
+                for panel in panels:
+                    panel.subcaption = split.subcaptions.get(panel.label or "") or panel.subcaption
         timer["verify"] = time.perf_counter() - t0
 
         if decompose:
@@ -324,7 +334,7 @@ class LvlmMiner:
             if voted:
                 snapped = [_snap(v, boxes) for v in voted]
                 new_panels = await asyncio.to_thread(
-                    self._panels_from_votes, image, snapped, split, ctx.caption, run
+                    self._panels_from_votes, image, snapped, ctx.caption, run
                 )
                 regions = _reassign(regions, panels, new_panels)
                 panels = new_panels
@@ -359,6 +369,16 @@ class LvlmMiner:
         timer["describe"] = time.perf_counter() - t0
         notes = list(cpu_result.notes)
         return MiningResult(width, height, panels, cpu_result.markers, regions, timer, notes=notes)
+
+
+def caption_labels(caption: str, labels: list[str | None]) -> tuple[CaptionSplit, list[str]]:
+    """The caption split with ``labels`` as hints, and those of the labels the caption really
+    speaks about (a hinted label gets a subcaption either way; only a mentioned one has text of
+    its own)."""
+    hints = list(dict.fromkeys(label for label in labels if label))
+    split = split_caption(caption, hints or None)
+    mentioned = [label for label in split.labels_in_order if split.own_fragments.get(label)]
+    return split, mentioned
 
 
 def _crop(image: np.ndarray, box: geometry.Box) -> np.ndarray:
