@@ -120,6 +120,10 @@ class LvlmSettings(BaseModel):
     hybrid_min_confidence: float = Field(
         default=0.75, ge=0, le=1, description="Hybrid: below this CPU/LVLM agreement a figure is decomposed."
     )
+    hybrid_max_pixels: int = Field(
+        default=28 * 28 * 640, ge=28 * 28 * 4, description="Hybrid: pixel budget of the set-of-mark requests."
+    )
+    hybrid_views: int = Field(default=3, ge=1, le=16, description="Hybrid: views of a decomposition.")
     describe_regions: bool = True
 
 

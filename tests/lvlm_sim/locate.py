@@ -96,8 +96,11 @@ class FigureIndex:
         return img, img.shape[1] / self.width, img.shape[0] / self.height
 
 
-def locate(index: FigureIndex, received: np.ndarray) -> Placement | None:
-    """Where ``received`` (RGB or gray pixels) lies in the indexed figure, or None."""
+def locate(index: FigureIndex, received: np.ndarray, hints: list[Box] | None = None) -> Placement | None:
+    """Where ``received`` (RGB or gray pixels) lies in the indexed figure, or None.
+
+    ``hints``: figure boxes the image may show (the figure's panels): tried first, since a panel
+    crop of a plain chart has too little texture for features or a coarse template search."""
     gray = to_gray(received)
     rh, rw = gray.shape
     if rw < 4 or rh < 4:
@@ -105,17 +108,17 @@ def locate(index: FigureIndex, received: np.ndarray) -> Placement | None:
     if max(rw, rh) > WORK_SIDE:  # locate a smaller copy: faster, and still sub-pixel in the figure
         g = WORK_SIDE / max(rw, rh)
         small = cv2.resize(gray, (max(4, round(rw * g)), max(4, round(rh * g))), interpolation=cv2.INTER_AREA)
-        found = _locate_gray(index, small)
+        found = _locate_gray(index, small, hints)
         if found is None:
             return None
         gx, gy = small.shape[1] / rw, small.shape[0] / rh
         return Placement(found.ox, found.oy, found.sx / gx, found.sy / gy, rw, rh, found.score)
-    return _locate_gray(index, gray)
+    return _locate_gray(index, gray, hints)
 
 
-def _locate_gray(index: FigureIndex, gray: np.ndarray) -> Placement | None:
+def _locate_gray(index: FigureIndex, gray: np.ndarray, hints: list[Box] | None = None) -> Placement | None:
     best: Placement | None = None
-    for candidate in _candidates(index, gray):
+    for candidate in _candidates(index, gray, hints or []):
         refined = _refine(index, gray, candidate)
         if refined is not None and (best is None or refined.score > best.score):
             best = refined
@@ -126,11 +129,15 @@ def _locate_gray(index: FigureIndex, gray: np.ndarray) -> Placement | None:
     return best
 
 
-def _candidates(index: FigureIndex, gray: np.ndarray) -> Iterator[Placement]:
+def _candidates(index: FigureIndex, gray: np.ndarray, hints: list[Box]) -> Iterator[Placement]:
     rh, rw = gray.shape
     fw, fh = index.width, index.height
     if abs((rw / rh) / (fw / fh) - 1.0) < 0.08:
         yield Placement(0.0, 0.0, rw / fw, rh / fh, rw, rh, 0.0)
+    for x1, y1, x2, y2 in hints:
+        w, h = x2 - x1, y2 - y1
+        if w > 4 and h > 4 and abs((rw / rh) / (w / h) - 1.0) < 0.15:
+            yield Placement(x1, y1, rw / w, rh / h, rw, rh, 0.0)
     features = _feature_estimate(index, gray)
     if features is not None:
         yield features

@@ -150,7 +150,7 @@ class Registry:
             with self._cache_lock:
                 if key in self._cache:
                     return self._cache[key]
-            placement = locate(figure.index(), image)
+            placement = locate(figure.index(), image, [p.box for p in figure.panels])
             with self._cache_lock:
                 self._cache[key] = placement
                 while len(self._cache) > self._cache_size:

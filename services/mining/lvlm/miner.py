@@ -64,6 +64,8 @@ class LvlmParams:
             "top_k": s.top_k,
             "repetition_penalty": s.repetition_penalty,
             "hybrid_min_confidence": s.hybrid_min_confidence,
+            "hybrid_views": s.hybrid_views,
+            "hybrid_max_pixels": s.hybrid_max_pixels,
             "prompts": prompt_versions(),
         }
 
@@ -329,7 +331,9 @@ class LvlmMiner:
         if decompose:
             run.note(f"hybrid: the model disputes the CPU panels (agreement {confidence:.2f}); decomposed")
             t0 = time.perf_counter()
-            voted = await decompose_panels(run, image, ctx, s)
+            voted = await decompose_panels(
+                run, image, ctx, s, views=s.hybrid_views, max_pixels=s.hybrid_max_pixels
+            )
             timer["panels"] = time.perf_counter() - t0
             if voted:
                 snapped = [_snap(v, boxes) for v in voted]

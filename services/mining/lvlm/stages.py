@@ -28,7 +28,8 @@ from p2p.shared.geometry import Box, center
 from p2p.shared.settings import LvlmSettings
 
 MARKER_CONFIDENCE = 0.8  # an LVLM marker: no pixel evidence of the glyph, the model's word for it
-REGION_MAX_PIXELS = 28 * 28 * 64  # region crops are small; a fixed small budget keeps them cheap
+REGION_MAX_PIXELS = 28 * 28 * 64
+MARK_TEXT_CHARS = 100  # region crops are small; a fixed small budget keeps them cheap
 
 
 def figure_seed(image: np.ndarray) -> int:
@@ -41,6 +42,12 @@ def figure_seed(image: np.ndarray) -> int:
     )
 
 
+def _short(text: str, limit: int = MARK_TEXT_CHARS) -> str:
+    """A mark's text is a reminder of which caption piece it is; the whole caption is in the context."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rsplit(" ", 1)[0] + "…"
+
+
 def _view(
     image: np.ndarray, crop: Box | None, max_pixels: int, s: LvlmSettings
 ) -> tuple[np.ndarray, ViewFrame]:
@@ -48,7 +55,13 @@ def _view(
 
 
 async def decompose_panels(
-    run: FigureRun, image: np.ndarray, ctx: FigureContext, s: LvlmSettings, *, views: int | None = None
+    run: FigureRun,
+    image: np.ndarray,
+    ctx: FigureContext,
+    s: LvlmSettings,
+    *,
+    views: int | None = None,
+    max_pixels: int | None = None,
 ) -> list[VotedPanel] | None:
     height, width = image.shape[:2]
     rng = np.random.default_rng(figure_seed(image))
@@ -56,7 +69,7 @@ async def decompose_panels(
         width,
         height,
         count=views or s.views,
-        max_pixels=s.max_pixels,
+        max_pixels=max_pixels or s.max_pixels,
         rng=rng,
         min_side=s.view_min_side,
         scale_min=s.view_scale_min,
@@ -183,7 +196,7 @@ async def verify_panels(
     """Hybrid: the CPU panels drawn as numbered marks; the model judges each and gives its own box."""
     from p2p.mining.lvlm.marks import draw_marks
 
-    view, frame = await asyncio.to_thread(_view, image, None, s.max_pixels, s)
+    view, frame = await asyncio.to_thread(_view, image, None, s.hybrid_max_pixels, s)
     marks = [Mark(i + 1, "panel", frame.from_original(box)) for i, box in enumerate(boxes)]
     drawn = await asyncio.to_thread(draw_marks, view, marks)
     context = build_context(ctx, image_size=(frame.sent_width, frame.sent_height), marks=marks)
@@ -206,8 +219,10 @@ async def describe_marks(
     """Hybrid: one request describes every panel and region of the figure (kind, box, text)."""
     from p2p.mining.lvlm.marks import draw_marks
 
-    view, frame = await asyncio.to_thread(_view, image, None, s.max_pixels, s)
-    marks = [Mark(i + 1, kind, frame.from_original(box), text) for i, (kind, box, text) in enumerate(items)]
+    view, frame = await asyncio.to_thread(_view, image, None, s.hybrid_max_pixels, s)
+    marks = [
+        Mark(i + 1, kind, frame.from_original(box), _short(text)) for i, (kind, box, text) in enumerate(items)
+    ]
     drawn = await asyncio.to_thread(draw_marks, view, marks)
     context = build_context(ctx, image_size=(frame.sent_width, frame.sent_height), marks=marks)
     answer = await run.ask("describe", "describe_marks", drawn, context)
