@@ -124,6 +124,9 @@ class LvlmSettings(BaseModel):
         default=28 * 28 * 640, ge=28 * 28 * 4, description="Hybrid: pixel budget of the set-of-mark requests."
     )
     hybrid_views: int = Field(default=3, ge=1, le=16, description="Hybrid: views of a decomposition.")
+    tau: float = Field(
+        default=0.1, gt=0, le=1, description="Caption-box gate: distance to a marker, in panel diagonals."
+    )
     describe_regions: bool = True
 
 

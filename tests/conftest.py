@@ -15,6 +15,8 @@ from p2p.shared.db.engine import make_engine
 from p2p.shared.storage import LocalObjectStore, S3ObjectStore
 from tests.servers import PostgresHandle, RedisHandle, S3Handle, start_postgres, start_redis, start_s3
 
+pytest_plugins = ["tests.lvlm_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def servers_dir() -> Iterator[Path]:

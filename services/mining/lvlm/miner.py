@@ -63,6 +63,7 @@ class LvlmParams:
             "top_p": s.top_p,
             "top_k": s.top_k,
             "repetition_penalty": s.repetition_penalty,
+            "tau": s.tau,
             "hybrid_min_confidence": s.hybrid_min_confidence,
             "hybrid_views": s.hybrid_views,
             "hybrid_max_pixels": s.hybrid_max_pixels,
@@ -155,12 +156,12 @@ class LvlmMiner:
         regions, markers = await self._regions(run, image, panels, split, ctx)
         timer["regions"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if s.describe_regions:
-            await self._describe_each(run, image, panels, regions, ctx)
-        timer["describe"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
         regions = await asyncio.to_thread(self._postprocess, regions, width, height)
         timer["postprocess"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if s.describe_regions:  # after post-processing: no request for a box that NMS drops
+            await self._describe_each(run, image, panels, regions, ctx)
+        timer["describe"] = time.perf_counter() - t0
         return MiningResult(width, height, panels, markers, regions, timer, notes=[])
 
     def _panels_from_votes(
@@ -227,7 +228,7 @@ class LvlmMiner:
                 markers,
                 found.caption_boxes,
                 panel_box=panel.box,
-                tau=self.cpu.params.tau,
+                tau=self.settings.tau,
                 fragments=fragments,
                 panel_index=index,
             )
@@ -250,19 +251,15 @@ class LvlmMiner:
         region_texts = await asyncio.gather(
             *(describe_crop(run, image, r.box, r.caption_text or "", ctx, s, region=True) for r in regions)
         )
+        # Each panel is described from its own crop and its subcaption (the decomposition's one-line
+        # description, made from the whole figure, stays only where this answer is unusable).
         panel_texts = await asyncio.gather(
-            *(
-                describe_crop(run, image, p.box, p.subcaption or "", ctx, s, region=False)
-                for p in panels
-                if p.description is None
-            )
+            *(describe_crop(run, image, p.box, p.subcaption or "", ctx, s, region=False) for p in panels)
         )
         for region, text in zip(regions, region_texts, strict=True):
             region.description = text
-        missing = iter(panel_texts)
-        for panel in panels:
-            if panel.description is None:
-                panel.description = next(missing)
+        for panel, text in zip(panels, panel_texts, strict=True):
+            panel.description = text or panel.description
         if any(t is None for t in (*region_texts, *panel_texts)):
             run.note("describe: some crops got no usable description")
 

@@ -36,10 +36,16 @@ def _coerce_box(value: Any) -> list[float]:
     return out
 
 
+# What models write for "this panel has no printed label".
+NO_LABEL = frozenset({"none", "null", "n/a", "na", "-", "unlabeled", "unlabelled", "no label", "?"})
+
+
 def _coerce_label(value: Any) -> str | None:
     if value is None:
         return None
     text = str(value).strip().strip("()[].:, ")
+    if text.lower() in NO_LABEL:
+        return None
     return text or None
 
 
