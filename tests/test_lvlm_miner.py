@@ -276,3 +276,21 @@ def test_labels_the_caption_does_not_name_are_dropped_then_filled_in_reading_ord
     assert any("given twice" in note for note in run.notes)
     kept = _reconcile_labels(["A", "Q"], ["A", "B", "C"], FigureRun(client=None))  # type: ignore[arg-type]
     assert kept == ["A", None]  # two labels left for one panel: no guess
+
+
+def test_inverted_boxes_are_fixed_and_boxes_past_the_image_are_clipped(
+    sim: SimServer, cpu_miner: CpuMiner, lvlm_dataset: Path, lvlm_entries: dict[str, Any]
+) -> None:
+    truth = lvlm_entries[FIGURE]
+    sim.faults.inverted_rate = 1.0
+    result = _mine(sim, cpu_miner, lvlm_dataset, lvlm_entries, mode="paper", views=3, describe_regions=False)
+    assert _matched(result, truth) == len(truth["panels"])
+    assert any("inverted" in note for note in result.notes)
+
+    sim.faults.inverted_rate = 0.0
+    sim.faults.outside_rate = 1.0
+    result = _mine(sim, cpu_miner, lvlm_dataset, lvlm_entries, mode="paper", views=3, describe_regions=False)
+    width, height = truth["width"], truth["height"]
+    for box in [p.box for p in result.panels] + [r.box for r in result.regions]:
+        assert 0 <= box[0] < box[2] <= width and 0 <= box[1] < box[3] <= height
+    assert any("clipped" in note for note in result.notes)

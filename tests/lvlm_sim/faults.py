@@ -29,6 +29,8 @@ class SimFaults:
     malformed_kinds: tuple[str, ...] = MALFORMED_KINDS
     wrong_frame_rate: float = 0.0  # per answer: boxes in original-figure pixels
     normalized_rate: float = 0.0  # per answer: boxes as fractions 0..1 of the image received
+    inverted_rate: float = 0.0  # per box: corners swapped (x2 < x1, y2 < y1)
+    outside_rate: float = 0.0  # per box: stretched past the image (negative and too-large coordinates)
     # transport
     latency_s: float = 0.0
     latency_jitter_s: float = 0.0  # uniform extra 0..latency_jitter_s

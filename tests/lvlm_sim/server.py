@@ -489,6 +489,27 @@ def render(answer: dict[str, Any], placement: Placement, frame: str) -> dict[str
     return result
 
 
+def damage_boxes(answer: Any, faults: SimFaults, rng: random.Random, width: int, height: int) -> Any:
+    """Boxes with swapped corners, or stretched past the image: what sloppy models return."""
+    if isinstance(answer, dict):
+        out: dict[str, Any] = {}
+        for key, value in answer.items():
+            if key in BOX_KEYS and isinstance(value, list) and len(value) == 4:
+                x1, y1, x2, y2 = value
+                if chance(rng, faults.inverted_rate):
+                    x1, y1, x2, y2 = x2, y2, x1, y1
+                elif chance(rng, faults.outside_rate):
+                    x1, y1 = x1 - width // 2, y1 - height // 2  # off the top-left ...
+                    x2, y2 = x2 + width, y2 + height  # ... and past the bottom-right
+                out[key] = [x1, y1, x2, y2]
+            else:
+                out[key] = damage_boxes(value, faults, rng, width, height)
+        return out
+    if isinstance(answer, list):
+        return [damage_boxes(v, faults, rng, width, height) for v in answer]
+    return answer
+
+
 # -- the app -----------------------------------------------------------------------------------------
 
 
@@ -553,7 +574,10 @@ class SimModel:
             frame = "figure"
         elif chance(self.rng, self.faults.normalized_rate):
             frame = "normalized"
-        return render(answer, placement, frame), frame
+        rendered = render(answer, placement, frame)
+        if frame == "received" and (self.faults.inverted_rate or self.faults.outside_rate):
+            rendered = damage_boxes(rendered, self.faults, self.rng, placement.width, placement.height)
+        return rendered, frame
 
     async def completions(self, request: Request) -> Response:
         self.stats.in_flight += 1
