@@ -163,3 +163,43 @@ def test_eval_mining_caption_mode(tmp_path: Path) -> None:
     assert report["splitter"]["exact"] == 1.0 and report["splitter"]["token_f1"] == 1.0
     assert report["baseline_whole_caption"]["exact"] == 0.0
     assert runner.invoke(app, ["eval", "mining"]).exit_code == 2
+
+
+def test_cost_sums_lvlm_requests_per_figure_and_stage(cli_env: Path, db: Engine) -> None:
+    from sqlalchemy.orm import Session
+
+    from p2p.shared.db.models import Figure, JobStatus, MiningJob
+
+    costs = [
+        {"requests": 10, "prompt_tokens": 9000, "completion_tokens": 800, "retries": 1, "fallbacks": 0,
+         "stages": {"panels": {"requests": 5, "prompt_tokens": 6000}, "describe": {"requests": 5}}},
+        {"requests": 14, "prompt_tokens": 11000, "completion_tokens": 1000, "retries": 0, "fallbacks": 1,
+         "stages": {"panels": {"requests": 5, "prompt_tokens": 6500, "fallbacks": 1},
+                    "describe": {"requests": 9}}},
+    ]  # fmt: skip
+    with Session(db) as session:
+        for i, cost in enumerate(costs):
+            figure = Figure(
+                image_sha256=f"{i:064d}", caption_sha256="c" * 64, object_key=f"figures/{i}", byte_size=1,
+                width=10, height=10, format="PNG", source="test",
+            )  # fmt: skip
+            session.add(figure)
+            session.flush()
+            session.add(
+                MiningJob(
+                    figure_id=figure.id,
+                    backend="lvlm",
+                    backend_version="1",
+                    status=JobStatus.SUCCEEDED,
+                    cost=cost,
+                )
+            )
+        session.commit()
+    result = runner.invoke(app, ["cost", "--backend", "lvlm", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    assert row["figures"] == 2 and row["requests"] == 24 and row["fallback_figures"] == 1
+    assert row["per_figure"]["requests"] == 12.0 and row["per_figure"]["prompt_tokens"] == 10000.0
+    assert row["stages"]["panels"]["requests"] == 10 and row["stages"]["describe"]["requests"] == 14
+    table = runner.invoke(app, ["cost"])
+    assert table.exit_code == 0 and "per figure: 12.0 requests" in said(table)
