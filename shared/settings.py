@@ -118,7 +118,7 @@ class LvlmSettings(BaseModel):
     max_tokens: int = Field(default=128, ge=1, description="Default answer budget; prompts may ask more.")
     max_tokens_by_prompt: dict[str, int] = Field(default_factory=dict)
     hybrid_min_confidence: float = Field(
-        default=0.75, ge=0, le=1, description="Hybrid: below this CPU/LVLM agreement a figure is decomposed."
+        default=1.0, ge=0, le=1, description="Hybrid: below this CPU/LVLM agreement a figure is decomposed."
     )
     hybrid_max_pixels: int = Field(
         default=28 * 28 * 640, ge=28 * 28 * 4, description="Hybrid: pixel budget of the set-of-mark requests."

@@ -35,16 +35,16 @@ def make_views(
     min_side: float = 0.8,
     scale_min: float = 0.6,
 ) -> list[ViewSpec]:
-    """View 0 is the whole figure at full budget; of the others, odd ones rescale the whole figure
-    and even ones are random crops, each at a random budget. Whole-figure views keep every panel
-    in at least half the votes: a crop that cuts a panel cannot report it, and a panel seen by
-    too few views has no majority to cancel one view's jitter."""
+    """View 0 is the whole figure at full budget, views 1 and 2 rescale it, and from view 3 on
+    crops and rescales alternate, each at a random budget. Three whole-figure views give every
+    panel three votes, so the median cancels one view's jitter: a crop that cuts a panel cannot
+    report it."""
     if count < 1:
         raise ValueError("at least one view is needed")
     whole = (0.0, 0.0, float(width), float(height))
     views = [ViewSpec(whole, max_pixels)]
     for index in range(1, count):
-        if index % 2 == 1:
+        if index < 3 or index % 2 == 0:
             views.append(ViewSpec(whole, int(rng.uniform(scale_min, 1.0) * max_pixels)))
             continue
         crop_w = max(1, round(width * rng.uniform(min_side, 1.0)))
