@@ -24,6 +24,7 @@ class SimFaults:
     jitter_scale: float = 0.0  # each edge moves by up to this fraction of the box width / height
     miss_rate: float = 0.0  # drop panels / markers / objects / verdicts
     hallucinate_rate: float = 0.0  # per answer: add one made-up panel / marker / object
+    hallucinate_tasks: tuple[str, ...] = ("panels", "markers", "objects")  # which answers may get one
     wrong_label_rate: float = 0.0  # per panel: panel_id swapped to another letter
     malformed_rate: float = 0.0  # per answer: the text is damaged (see MALFORMED_KINDS)
     malformed_kinds: tuple[str, ...] = MALFORMED_KINDS

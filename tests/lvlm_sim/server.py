@@ -298,7 +298,7 @@ class AnswerBuilder:
                     "description": panel_description(panel),
                 }
             )
-        if chance(self.rng, self.faults.hallucinate_rate):
+        if "panels" in self.faults.hallucinate_tasks and chance(self.rng, self.faults.hallucinate_rate):
             used = {str(i["panel_id"]) for i in items} | set(labels)
             fake = next((c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used), "Z")
             items.append(
@@ -329,7 +329,7 @@ class AnswerBuilder:
                     "description": marker_description(marker),
                 }
             )
-        if chance(self.rng, self.faults.hallucinate_rate):
+        if "markers" in self.faults.hallucinate_tasks and chance(self.rng, self.faults.hallucinate_rate):
             items.append(
                 {
                     "marker_id": "",
@@ -356,7 +356,7 @@ class AnswerBuilder:
                     "description": marker_description(marker),
                 }
             )
-        if chance(self.rng, self.faults.hallucinate_rate):
+        if "objects" in self.faults.hallucinate_tasks and chance(self.rng, self.faults.hallucinate_rate):
             box = _random_box(self.view, self.rng, 0.05, 0.2)
             phrase = self._random_phrase()
             panel = _panel_at(self.figure, box)
