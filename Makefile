@@ -57,6 +57,8 @@ check: lint typecheck test
 
 bench: install
 	$(BIN)/python bench/ingest_bench.py
+	$(BIN)/python bench/mining_bench.py
+	$(BIN)/python bench/lvlm_bench.py
 
 clean:
 	rm -rf .p2p-data .pytest_cache .mypy_cache .ruff_cache
