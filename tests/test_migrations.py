@@ -29,6 +29,6 @@ def test_upgrade_downgrade_round_trip(postgres: PostgresHandle) -> None:
         migrate.downgrade(url, "base")
         assert "figure" not in inspect(engine).get_table_names()
         migrate.upgrade(url)
-        assert migrate.current_revision(engine) == "0002"
+        assert migrate.current_revision(engine) == "0003"
     finally:
         engine.dispose()

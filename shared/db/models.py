@@ -277,3 +277,53 @@ class ApiKey(TimestampMixin, Base):
     scopes: Mapped[list[str]] = mapped_column(ARRAY(String(16)), nullable=False)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ModelStatus(enum.StrEnum):
+    REGISTERED = "registered"  # known, no vectors yet
+    INDEXING = "indexing"  # (re)embedding every figure, panel and region
+    READY = "ready"  # every item embedded: can serve a space
+    FAILED = "failed"  # loading or indexing failed; ``error`` says why
+
+
+class ModelVersion(TimestampMixin, Base):
+    """An embedding model: open_clip architecture (by name or config) plus its weights."""
+
+    __tablename__ = "model_version"
+    __table_args__ = (
+        UniqueConstraint("name", "version", name="uq_model_version_name_version"),
+        CheckConstraint("dim > 0", name="dim_positive"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    version: Mapped[str] = mapped_column(String(64), nullable=False)
+    architecture: Mapped[str] = mapped_column(String(128), nullable=False)  # open_clip name or "custom"
+    config: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)  # custom config
+    # Where the weights come from: "random", "local:/path/ckpt.pt", "s3:key", "pretrained:tag",
+    # "hf-hub:org/name".
+    source: Mapped[str] = mapped_column(String(1024), nullable=False)
+    dim: Mapped[int] = mapped_column(Integer, nullable=False)
+    status: Mapped[ModelStatus] = mapped_column(
+        _enum(ModelStatus, "model_status"), default=ModelStatus.REGISTERED, nullable=False
+    )
+    error: Mapped[str | None] = mapped_column(Text)
+    # Re-index progress: {"total": n, "done": m, "by_level": {...}, "started_at": ..., "finished_at": ...}
+    progress: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)  # evaluation
+    training_run_id: Mapped[uuid.UUID | None] = mapped_column()
+
+
+class EmbeddingSpace(TimestampMixin, Base):
+    """A named space that serves search from one model version at a time; a newly activated
+    version indexes in the background while the active one keeps answering."""
+
+    __tablename__ = "embedding_space"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    active_version_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("model_version.id", ondelete="SET NULL")
+    )
+    pending_version_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("model_version.id", ondelete="SET NULL")
+    )
