@@ -136,6 +136,24 @@ class MiningSettings(BaseModel):
     lvlm: LvlmSettings = LvlmSettings()
 
 
+class EmbeddingSettings(BaseModel):
+    """The embedding and retrieval service."""
+
+    space: str = Field(default="default", description="The embedding space search serves from.")
+    torch_threads: int = Field(default=2, ge=1, le=256)
+    batch_size: int = Field(default=32, ge=1, le=1024, description="Micro-batch size of embeds.")
+    batch_wait_ms: float = Field(default=5.0, ge=0, le=1000, description="Micro-batch fill wait.")
+    max_texts: int = Field(default=256, ge=1)
+    max_text_chars: int = Field(default=2000, ge=1)
+    max_images: int = Field(default=64, ge=1)
+    max_k: int = Field(default=1000, ge=1)
+    hnsw_m: int = Field(default=16, ge=2, le=100)
+    hnsw_ef_construction: int = Field(default=64, ge=4, le=1000)
+    hnsw_ef_search: int = Field(default=100, ge=1, le=1000)
+    reindex_batch: int = Field(default=64, ge=1, le=4096)
+    crop_url_ttl_s: int = Field(default=3600, ge=60, description="Lifetime of presigned crop URLs (S3).")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="P2P_", env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -152,6 +170,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     server: ServerSettings = ServerSettings()
     mining: MiningSettings = MiningSettings()
+    embedding: EmbeddingSettings = EmbeddingSettings()
 
     @model_validator(mode="after")
     def _check_profile(self) -> Settings:
