@@ -31,8 +31,10 @@ def mining_queue(backend: str) -> str:
 
 RUN_BATCH_TASK = "p2p.ingest.run_batch"
 MINE_FIGURE_TASK = "p2p.mining.mine_figure"
+REINDEX_TASK = "p2p.embedding.reindex"
+EMBED_FIGURES_TASK = "p2p.embedding.embed_figures"
 
-TASK_MODULES = ["p2p.ingest.tasks", "p2p.mining.tasks"]
+TASK_MODULES = ["p2p.ingest.tasks", "p2p.mining.tasks", "p2p.embedding_api.tasks"]
 
 celery_app = Celery("p2p", include=TASK_MODULES)
 

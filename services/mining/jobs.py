@@ -49,6 +49,7 @@ class JobOutcome:
     panels: int = 0
     regions: int = 0
     skipped: str | None = None
+    figure_id: uuid.UUID | None = None
 
 
 def job_backend(runtime: Runtime, job_id: uuid.UUID) -> str | None:
@@ -199,7 +200,13 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any)
         job.finished_at = utcnow()
         figure.status = FigureStatus.MINED
         session.commit()
-    return JobOutcome(job_id, JobStatus.SUCCEEDED, panels=len(result.panels), regions=len(result.regions))
+    return JobOutcome(
+        job_id,
+        JobStatus.SUCCEEDED,
+        panels=len(result.panels),
+        regions=len(result.regions),
+        figure_id=figure_id,
+    )
 
 
 def _requeue(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:

@@ -7,7 +7,7 @@ import threading
 import uuid
 from typing import Any
 
-from p2p.shared.queue import MINE_FIGURE_TASK, celery_app
+from p2p.shared.queue import EMBED_FIGURES_TASK, EMBEDDING_QUEUE, MINE_FIGURE_TASK, celery_app
 from p2p.shared.settings import get_settings
 from p2p.shared.tasks import P2PTask
 
@@ -61,3 +61,8 @@ def mine_figure_task(self: MiningTask, job_id: str) -> None:
         miner.ensure_ready()  # the model server must be up before this worker takes the figure
     outcome = mine_job(self.runtime, uuid.UUID(job_id), miner, fallback=fallback)
     log.info("mining job %s: %s", job_id, outcome)
+    if outcome.figure_id is not None:
+        # New panels and regions join the active (and any pending) embedding space.
+        self.runtime.dispatcher.send(
+            EMBED_FIGURES_TASK, args=[[str(outcome.figure_id)]], queue=EMBEDDING_QUEUE
+        )

@@ -1,0 +1,31 @@
+"""Celery tasks of the embedding queue: re-index a model version, embed newly mined figures."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from p2p.shared.queue import EMBED_FIGURES_TASK, REINDEX_TASK, celery_app
+from p2p.shared.tasks import P2PTask
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingTask(P2PTask):
+    abstract = True
+
+
+@celery_app.task(name=REINDEX_TASK, base=EmbeddingTask, bind=True)
+def reindex_task(self: EmbeddingTask, version_id: str, space: str) -> None:
+    from p2p.embedding_api.indexing import reindex
+
+    progress = reindex(self.runtime, uuid.UUID(version_id), space)
+    log.info("model version %s indexed for space %s: %s", version_id, space, progress)
+
+
+@celery_app.task(name=EMBED_FIGURES_TASK, base=EmbeddingTask, bind=True)
+def embed_figures_task(self: EmbeddingTask, figure_ids: list[str]) -> None:
+    from p2p.embedding_api.indexing import embed_figures
+
+    written = embed_figures(self.runtime, [uuid.UUID(f) for f in figure_ids])
+    log.info("embedded %d items of %d figures", written, len(figure_ids))
