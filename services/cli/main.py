@@ -37,6 +37,15 @@ def _register_synth() -> None:
 
 _register_synth()
 
+
+def _register_models() -> None:
+    from p2p.cli.models_cmd import models_app
+
+    app.add_typer(models_app, name="models")
+
+
+_register_models()
+
 console = Console(stderr=True)
 out = Console()
 
@@ -358,6 +367,29 @@ def serve_ingest(
     import uvicorn
 
     from p2p.ingest.app import create_app
+
+    settings = _settings()
+    host = host or settings.server.host
+    port = port if port is not None else settings.server.port
+    if not settings.auth_required and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            "[red]refusing to serve without API keys on a non-loopback address; "
+            "set P2P_AUTH__REQUIRED=true or bind 127.0.0.1[/red]"
+        )
+        raise typer.Exit(2)
+    logging.getLogger().setLevel(settings.log_level)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+
+
+@serve_app.command("embedding-api")
+def serve_embedding_api(
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Serve the embedding and retrieval API and its web viewer (at /)."""
+    import uvicorn
+
+    from p2p.embedding_api.app import create_app
 
     settings = _settings()
     host = host or settings.server.host

@@ -1,0 +1,142 @@
+"""`p2p models ...`: register, list, activate (with a progress bar) embedding model versions."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import select
+
+models_app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+
+def _runtime() -> Any:
+    from p2p.cli.main import _runtime as build
+    from p2p.cli.main import _settings
+
+    return build(_settings())
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err.print(f"[red]{exc}[/red]")
+    return typer.Exit(2)
+
+
+@models_app.command("register")
+def register_cmd(
+    name: Annotated[str | None, typer.Option(help="Model name (default: the offline default model).")] = None,
+    version: Annotated[str, typer.Option(help="Version label, unique per name.")] = "1",
+    architecture: Annotated[str | None, typer.Option(help="open_clip model name, or 'custom'.")] = None,
+    config: Annotated[Path | None, typer.Option(help="JSON open_clip model config (custom).")] = None,
+    source: Annotated[
+        str, typer.Option(help="random | local:PATH | s3:KEY | pretrained:TAG | hf-hub:ORG/NAME")
+    ] = "random",
+) -> None:
+    """Register a model version (its weights are loaded once to check them)."""
+    from p2p.embedding_api.indexing import register
+    from p2p.embedding_api.modeling import ModelSpec, default_spec
+    from p2p.shared.errors import P2PError
+
+    if name is None and architecture is None:
+        base = default_spec()
+        spec = ModelSpec(name=base.name, architecture=base.architecture, config=base.config, source=source)
+    else:
+        if not name or not architecture:
+            raise _fail(ValueError("--name and --architecture go together"))
+        cfg = json.loads(config.read_text()) if config else None
+        spec = ModelSpec(name=name, architecture=architecture, config=cfg, source=source)
+    runtime = _runtime()
+    try:
+        with runtime.session() as session:
+            row = register(session, spec, version, store=runtime.store)
+            out.print(f"registered {row.name} {row.version}: id {row.id}, {row.dim}-d")
+    except P2PError as exc:
+        raise _fail(exc) from exc
+    finally:
+        runtime.close()
+
+
+@models_app.command("list")
+def list_cmd() -> None:
+    """Model versions, their status and re-index progress, and which space each serves."""
+    from p2p.shared.db.models import EmbeddingSpace, ModelVersion
+
+    runtime = _runtime()
+    try:
+        with runtime.session() as session:
+            versions = list(session.scalars(select(ModelVersion).order_by(ModelVersion.created_at)))
+            spaces = list(session.scalars(select(EmbeddingSpace)))
+            table = Table(title="model versions")
+            for col in ("id", "name", "version", "dim", "status", "progress", "serves"):
+                table.add_column(col)
+            for v in versions:
+                serves = [s.name for s in spaces if s.active_version_id == v.id]
+                pending = [f"{s.name} (pending)" for s in spaces if s.pending_version_id == v.id]
+                progress = v.progress or {}
+                done = f"{progress.get('done', '-')}/{progress.get('total', '-')}" if progress else ""
+                table.add_row(
+                    str(v.id), v.name, v.version, str(v.dim), v.status, done, ", ".join(serves + pending)
+                )
+    finally:
+        runtime.close()
+    out.print(table)
+
+
+@models_app.command("activate")
+def activate_cmd(
+    version_id: Annotated[str, typer.Argument(help="Model version id.")],
+    space: Annotated[str | None, typer.Option(help="Embedding space (default: the configured one).")] = None,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the re-index to its end.")] = True,
+) -> None:
+    """Re-embed the corpus with a version; the space switches when it is complete."""
+    from p2p.embedding_api.indexing import activate
+    from p2p.shared.db.models import ModelStatus, ModelVersion
+    from p2p.shared.errors import P2PError
+
+    runtime = _runtime()
+    try:
+        try:
+            vid = uuid.UUID(version_id)
+        except ValueError as exc:
+            raise _fail(ValueError(f"not a model version id: {version_id}")) from exc
+        name = space or runtime.settings.embedding.space
+        with runtime.session() as session:
+            try:
+                activate(session, runtime.dispatcher, version_id=vid, space=name)
+            except P2PError as exc:
+                raise _fail(exc) from exc
+        if not wait:
+            out.print(f"re-index of {vid} for space {name} queued")
+            return
+        with Progress(
+            TextColumn("re-index"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+        ) as bar:
+            task = bar.add_task("reindex", total=None)
+            while True:
+                with runtime.session() as session:
+                    row = session.get(ModelVersion, vid)
+                    assert row is not None
+                    status, progress, error = row.status, dict(row.progress or {}), row.error
+                bar.update(task, total=progress.get("total"), completed=progress.get("done", 0))
+                if status in (ModelStatus.READY, ModelStatus.FAILED):
+                    break
+                time.sleep(0.5)
+        if status is ModelStatus.FAILED:
+            raise _fail(RuntimeError(f"re-index failed: {error}"))
+        out.print(
+            f"space {name} now serves {vid} ({progress.get('done')} items, {progress.get('seconds')} s)"
+        )
+    finally:
+        runtime.close()
