@@ -26,11 +26,14 @@ NAMESPACE = "panel2patch"
 
 CELERY_APP = "p2p.shared.worker:celery_app"
 # Queues the Celery workers consume.
-CELERY_QUEUES = {"ingest", "mining", "mining-lvlm", "training"}
-# `p2p` sub-commands that deployment files may run. `serve embedding-api` arrives with the
-# embedding service; the others exist in the CLI today.
+CELERY_QUEUES = {"ingest", "mining", "mining-lvlm", "embedding", "training"}
+# `p2p` sub-commands that deployment files may run; all of them exist in the CLI.
 P2P_COMMANDS = {("serve", "ingest"), ("serve", "embedding-api"), ("db", "upgrade")}
-P2P_COMMANDS_NOT_YET_BUILT = {("serve", "embedding-api")}
+P2P_COMMANDS_NOT_YET_BUILT: set[tuple[str, ...]] = set()
+# The app services of the stack (compose and k8s), besides the datastores and migrate.
+APP_SERVICES = ("ingest", "ingest-worker", "mining-worker", "embedding-api", "embedding-worker")
+WORKER_SERVICES = ("ingest-worker", "mining-worker", "embedding-worker")
+EMBEDDING_IMAGE = "panel2patch/embedding-api:latest"
 
 # Variables docker-compose.yml requires (`${VAR:?...}`), with throwaway values.
 COMPOSE_REQUIRED_ENV = {
@@ -252,7 +255,7 @@ def test_compose_refuses_to_start_without_secrets(tmp_path: Path, missing: str) 
 
 def test_compose_services_present() -> None:
     services = _load_compose()["services"]
-    expected = {"postgres", "redis", "minio", "migrate", "ingest", "ingest-worker", "mining-worker"}
+    expected = {"postgres", "redis", "minio", "migrate", *APP_SERVICES}
     assert expected <= set(services), f"missing services: {expected - set(services)}"
 
 
@@ -290,7 +293,7 @@ def test_compose_depends_on_uses_conditions() -> None:
 def test_compose_startup_order() -> None:
     services = _load_compose()["services"]
     assert set(services["migrate"]["depends_on"]) == {"postgres"}
-    for name in ("ingest", "ingest-worker", "mining-worker"):
+    for name in APP_SERVICES:
         assert {"postgres", "redis", "minio", "migrate"} <= set(services[name]["depends_on"]), name
 
 
@@ -349,7 +352,7 @@ def test_compose_shared_env_anchor() -> None:
     assert shared["P2P_DB__URL"].startswith("postgresql+psycopg://")
     assert shared["P2P_DB__URL"].endswith("@postgres:5432/panel2patch")
     assert "P2P_S3__ACCESS_KEY" in shared and "P2P_S3__SECRET_KEY" in shared
-    for name in ("migrate", "ingest", "ingest-worker", "mining-worker"):
+    for name in ("migrate", *APP_SERVICES):
         env = data["services"][name]["environment"]
         for key, value in shared.items():
             assert env.get(key) == value, f"{name} does not use x-p2p-env ({key})"
@@ -371,14 +374,79 @@ def test_compose_commands_are_known() -> None:
     assert _as_argv(services["migrate"]["command"]) == ["p2p", "db", "upgrade"]
     assert _celery_queue(_as_argv(services["ingest-worker"]["command"])) == "ingest"
     assert _celery_queue(_as_argv(services["mining-worker"]["command"])) == "mining"
+    assert _as_argv(services["embedding-api"]["command"]) == ["p2p", "serve", "embedding-api"]
+    assert _celery_queue(_as_argv(services["embedding-worker"]["command"])) == "embedding"
     for name, service in services.items():
         if "build" in service:
             _check_command(_as_argv(service.get("command")), f"compose {name}")
             dockerfile = ROOT / service["build"]["dockerfile"]
             assert dockerfile.is_file(), f"{name} builds from missing {dockerfile}"
-    for name in ("ingest-worker", "mining-worker"):
+    for name in WORKER_SERVICES:
         check = " ".join(_as_argv(services[name]["healthcheck"]["test"]))
         assert f"-A {CELERY_APP} inspect ping" in check and "celery@$$HOSTNAME" in check, name
+
+
+def _dockerfile_tag(dockerfile: Path) -> str:
+    """The image tag of the `docker build ... -t TAG .` line in a Dockerfile's header comment."""
+    match = re.search(r"docker build .*-t (\S+)", dockerfile.read_text())
+    assert match, f"{dockerfile} documents no `docker build -t` tag"
+    return match.group(1)
+
+
+def test_compose_images_match_their_dockerfiles() -> None:
+    """Every built service is tagged as its Dockerfile documents, so compose never pulls it."""
+    for name, service in _load_compose()["services"].items():
+        if "build" not in service:
+            continue
+        dockerfile = ROOT / service["build"]["dockerfile"]
+        assert service["image"] == _dockerfile_tag(dockerfile), name
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration such as 90s, 3m or 1m30s in seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", str(duration))
+    assert parts and "".join(n + u for n, u in parts) == str(duration), f"bad duration {duration!r}"
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[u] for n, u in parts)
+
+
+def test_compose_embedding_services() -> None:
+    services = _load_compose()["services"]
+    api = services["embedding-api"]
+    worker = services["embedding-worker"]
+    for name, service in (("embedding-api", api), ("embedding-worker", worker)):
+        assert service["build"] == {"context": ".", "dockerfile": "services/embedding-api/Dockerfile"}, name
+        assert service["image"] == EMBEDDING_IMAGE, name
+        assert "volumes" not in service, f"{name}: models come from the object store or the image"
+    published = [str(p) for p in api.get("ports", [])]
+    assert any(re.fullmatch(r"(?:[\d.]+:)?8001:8000(?:/tcp)?", p) for p in published), published
+    check = api["healthcheck"]
+    test = json.dumps(check["test"])
+    assert "/healthz" in test and "urllib" in test and ":8000/" in test, test
+    assert _seconds(check["start_period"]) >= 60, "start_period too short to load the model"
+
+    argv = _as_argv(worker["command"])
+    assert _celery_queue(argv) == "embedding"
+    assert "--concurrency=1" in argv, "one process: the model is loaded once per worker"
+    assert worker["healthcheck"] == services["ingest-worker"]["healthcheck"]
+    # The ports of the two APIs do not collide on the host.
+    assert "8000:8000" not in " ".join(published)
+
+
+@pytest.mark.parametrize("service", ["embedding-api", "embedding-worker"])
+def test_compose_embedding_env_is_valid_settings(monkeypatch: pytest.MonkeyPatch, service: str) -> None:
+    """The embedding services' P2P_ variables (compose defaults substituted) load into Settings."""
+    from p2p.shared.settings import Settings
+
+    env = _load_compose()["services"][service]["environment"]
+    for key in list(os.environ):
+        if key.startswith("P2P_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        text = re.sub(r"\$\{[A-Z0-9_]+:[-?]([^}]*)\}", r"\1", str(value))
+        monkeypatch.setenv(key, text.replace("set ", "dummy-"))
+    settings = Settings()
+    assert settings.profile == "production"
+    assert settings.embedding.torch_threads >= 1
 
 
 # --------------------------------------------------------------------------- (b2) compose gpu profile
@@ -555,6 +623,9 @@ def test_k8s_expected_objects() -> None:
         ("Deployment", "ingest-worker"),
         ("Deployment", "mining-worker"),
         ("HorizontalPodAutoscaler", "mining-worker"),
+        ("Deployment", "embedding-api"),
+        ("Service", "embedding-api"),
+        ("Deployment", "embedding-worker"),
         ("StatefulSet", "postgres"),
         ("Service", "postgres"),
         ("StatefulSet", "redis"),
@@ -608,6 +679,8 @@ def test_k8s_app_images_and_commands() -> None:
         ("Deployment", "ingest"): ("panel2patch/ingest:latest", ("p2p", ("serve", "ingest"))),
         ("Deployment", "ingest-worker"): ("panel2patch/ingest:latest", ("celery", "ingest")),
         ("Deployment", "mining-worker"): ("panel2patch/mining:latest", ("celery", "mining")),
+        ("Deployment", "embedding-api"): (EMBEDDING_IMAGE, ("p2p", ("serve", "embedding-api"))),
+        ("Deployment", "embedding-worker"): (EMBEDDING_IMAGE, ("celery", "embedding")),
         ("Job", "p2p-migrate"): ("panel2patch/ingest:latest", ("p2p", ("db", "upgrade"))),
     }
     for (kind, name), (image, (tool, target)) in expected.items():
@@ -627,22 +700,23 @@ def test_k8s_app_images_and_commands() -> None:
         assert spec["securityContext"]["runAsUser"] != 0, name
 
 
-def test_k8s_ingest_probes_and_service() -> None:
-    (container,) = _pod_spec(_find("Deployment", "ingest"))["containers"]
+@pytest.mark.parametrize("name", ["ingest", "embedding-api"])
+def test_k8s_api_probes_and_service(name: str) -> None:
+    (container,) = _pod_spec(_find("Deployment", name))["containers"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     ports = {p.get("name"): p["containerPort"] for p in container["ports"]}
     assert 8000 in ports.values()
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["port"] in {8000, *ports}
-    service = _find("Service", "ingest")
+    service = _find("Service", name)
     assert any(p["port"] == 8000 for p in service["spec"]["ports"])
-    labels = _find("Deployment", "ingest")["spec"]["template"]["metadata"]["labels"]
+    labels = _find("Deployment", name)["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
 
 
 def test_k8s_worker_liveness_pings_own_node() -> None:
-    for name in ("ingest-worker", "mining-worker"):
+    for name in WORKER_SERVICES:
         (container,) = _pod_spec(_find("Deployment", name))["containers"]
         argv = container["livenessProbe"]["exec"]["command"]
         assert argv[:2] == ["sh", "-c"], f"{name}: the probe needs a shell to expand $HOSTNAME"
@@ -650,6 +724,41 @@ def test_k8s_worker_liveness_pings_own_node() -> None:
         assert f"-A {CELERY_APP} inspect ping" in script, name
         # The probe must name this pod's worker; the shell, not Kubernetes, expands it.
         assert re.search(r"celery@(\$HOSTNAME|\$\{HOSTNAME\})", script), script
+
+
+def test_k8s_images_match_compose_and_dockerfiles() -> None:
+    """An app Deployment runs the image compose builds for the same service."""
+    compose = _load_compose()["services"]
+    for name in APP_SERVICES:
+        (container,) = _pod_spec(_find("Deployment", name))["containers"]
+        assert container["image"] == compose[name]["image"], name
+        assert container["image"] == _dockerfile_tag(ROOT / compose[name]["build"]["dockerfile"]), name
+
+
+def test_k8s_embedding_services() -> None:
+    api = _find("Deployment", "embedding-api")
+    (container,) = _pod_spec(api)["containers"]
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/healthz"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120, "allow time to load the model"
+    for doc in (api, _find("Deployment", "embedding-worker")):
+        name = doc["metadata"]["name"]
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == NAMESPACE, name
+        spec = _pod_spec(doc)
+        (container,) = spec["containers"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
+        assert "volumeMounts" not in container, f"{name}: models come from the object store or the image"
+        requests = container["resources"]["requests"]
+        # torch on CPU: at least one core and 1 GiB for the model and a batch.
+        cpu = str(requests["cpu"])
+        assert (float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)) >= 1, name
+        memory = str(requests["memory"])
+        assert memory.endswith("Gi") and float(memory[:-2]) >= 1, name
+        env = {item["name"]: item.get("value") for item in container.get("env", [])}
+        assert all(key.startswith("P2P_EMBEDDING__") for key in env), name
+    worker_argv = _container_argv(_pod_spec(_find("Deployment", "embedding-worker"))["containers"][0])
+    assert "--concurrency=1" in worker_argv
 
 
 def test_k8s_mining_worker_autoscaling() -> None:
