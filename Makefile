@@ -16,13 +16,16 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Servers the test suite needs beside the Python packages: Redis (when nothing answers on
-# 127.0.0.1:6379) and a docker compose CLI to validate docker-compose.yml (no engine needed).
+# 127.0.0.1:6379), a docker compose CLI to validate docker-compose.yml (no engine needed), and the
+# Debian Chromium that the viewer tests drive through Playwright (never `playwright install`).
 test-deps: install
 	@$(BIN)/python -c "import redis; redis.Redis(host='127.0.0.1', port=6379, socket_connect_timeout=1).ping()" 2>/dev/null \
 		|| command -v redis-server >/dev/null \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	@docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
+	@test -x /usr/bin/chromium \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 test: test-deps
 	$(BIN)/python -m pytest

@@ -170,6 +170,12 @@ class _ModelCache:
 _models = _ModelCache()
 
 
+def clear_model_cache() -> None:
+    """Forget loaded models (a worker that must re-read weights, and tests)."""
+    global _models
+    _models = _ModelCache(_models.size)
+
+
 @dataclass(frozen=True)
 class _Item:
     level: str

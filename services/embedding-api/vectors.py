@@ -25,7 +25,16 @@ from psycopg.pq import Format
 from sqlalchemy import Connection, Engine
 
 LEVELS = ("figure", "panel", "region")
-FILTER_FIELDS = ("level", "figure_type", "license_group", "year_min", "year_max", "journal", "article_id", "figure_id")
+FILTER_FIELDS = (
+    "level",
+    "figure_type",
+    "license_group",
+    "year_min",
+    "year_max",
+    "journal",
+    "article_id",
+    "figure_id",
+)
 
 # pgvector's limit for HNSW-indexed ``vector`` columns.
 MAX_INDEXED_DIM = 2000
@@ -162,8 +171,29 @@ def _vector_oid(conn: Connection) -> int:
 # --- DDL --------------------------------------------------------------------------------------
 
 
+# (database URL, table) -> dimension. A version's dimension never changes while its table exists;
+# drop_table and ensure_table forget entries, and missing tables are never remembered.
+_dims: dict[tuple[str, str], int] = {}
+
+
+def _dim_key(conn: Connection | Engine, table: str) -> tuple[str, str]:
+    url = conn.engine.url if isinstance(conn, Connection) else conn.url
+    return (url.render_as_string(hide_password=True), table)
+
+
 def _table_dim(conn: Connection, table: str) -> int | None:
     """The declared dimension of ``table``'s embedding column, None when the table does not exist."""
+    key = _dim_key(conn, table)
+    cached = _dims.get(key)
+    if cached is not None:
+        return cached
+    dim = _catalog_dim(conn, table)
+    if dim is not None:
+        _dims[key] = dim
+    return dim
+
+
+def _catalog_dim(conn: Connection, table: str) -> int | None:
     row = conn.exec_driver_sql(
         "SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) "
         "AND a.attname = 'embedding' AND NOT a.attisdropped",
@@ -189,10 +219,11 @@ def ensure_table(
     if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= MAX_INDEXED_DIM:
         raise ValueError(f"dimension must be an integer in 1..{MAX_INDEXED_DIM}, got {dim!r}")
     table = table_name(version_id)
+    _dims.pop(_dim_key(engine, table), None)
     with engine.begin() as conn:
         # Concurrent creators of the same table serialise here instead of racing in the catalog.
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", (table,))
-        existing = _table_dim(conn, table)
+        existing = _catalog_dim(conn, table)
         if existing is not None and existing != dim:
             raise ValueError(f"table {table} holds {existing}-d vectors, not {dim}-d")
         levels = ", ".join(f"'{level}'" for level in LEVELS)
@@ -218,9 +249,7 @@ def ensure_table(
         # not compress), which keeps index builds and exact scans off the TOAST table.
         conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN embedding SET STORAGE PLAIN")
         for column in ("figure_type", "license_group", "year", "journal"):
-            conn.exec_driver_sql(
-                f"CREATE INDEX IF NOT EXISTS {table}_{column} ON {table} (level, {column})"
-            )
+            conn.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {table}_{column} ON {table} (level, {column})")
         for column in ("figure_id", "article_id"):
             conn.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {table}_{column} ON {table} ({column})")
     if indexes:
@@ -240,14 +269,16 @@ def build_indexes(engine: Engine, version_id: uuid.UUID, *, m: int = 16, ef_cons
         with engine.begin() as conn:
             conn.exec_driver_sql(
                 f"CREATE INDEX IF NOT EXISTS {_index_name(table, level)} ON {table} "
-                f"USING hnsw (embedding vector_cosine_ops) WITH (m = {m}, ef_construction = {ef_construction}) "
-                f"WHERE level = '{level}'"
+                f"USING hnsw (embedding vector_cosine_ops) "
+                f"WITH (m = {m}, ef_construction = {ef_construction}) WHERE level = '{level}'"
             )
 
 
 def drop_table(engine: Engine, version_id: uuid.UUID) -> None:
+    table = table_name(version_id)
     with engine.begin() as conn:
-        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table_name(version_id)}")
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+    _dims.pop(_dim_key(engine, table), None)
 
 
 # --- writes -----------------------------------------------------------------------------------
@@ -351,7 +382,9 @@ def count(conn: Connection, version_id: uuid.UUID, level: str | None = None) -> 
     if level is None:
         row = conn.exec_driver_sql(f"SELECT count(*) FROM {table}").fetchone()
     else:
-        row = conn.exec_driver_sql(f"SELECT count(*) FROM {table} WHERE level = %s", (_check_level(level),)).fetchone()
+        row = conn.exec_driver_sql(
+            f"SELECT count(*) FROM {table} WHERE level = %s", (_check_level(level),)
+        ).fetchone()
     return int(row[0]) if row else 0
 
 

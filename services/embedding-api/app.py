@@ -1,0 +1,167 @@
+"""The embedding and retrieval API, and its web viewer at ``/``.
+
+At startup the process loads the active model version of its space (no cold start on the first
+request) into ``app.state.model_state`` with a micro-batcher; a background task re-checks the space
+every few seconds and swaps in the new model once a re-index has switched the space. While the space
+has no active version the default model (random vision tower) serves embeds and search answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from p2p.embedding_api.deps import ModelState
+from p2p.embedding_api.routes import classify, embed, health, items, models, search
+from p2p.shared.api import BodySizeLimit, install_error_handlers
+from p2p.shared.db.models import EmbeddingSpace, ModelVersion
+from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
+from p2p.shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+MULTIPART_OVERHEAD = 1024 * 1024
+STATIC_DIR = Path(__file__).parent / "static"
+REFRESH_INTERVAL_S = 5.0
+# How long a swapped-out model keeps answering the requests that already hold it.
+RETIRE_GRACE_S = 30.0
+
+
+def active_version(runtime: Runtime, space: str) -> ModelVersion | None:
+    with runtime.session() as session:
+        row = session.get(EmbeddingSpace, space)
+        if row is None or row.active_version_id is None:
+            return None
+        version = session.get(ModelVersion, row.active_version_id)
+        if version is not None:
+            session.expunge(version)
+        return version
+
+
+def load_state(runtime: Runtime, space: str) -> ModelState:
+    """Load the space's active version (blocking: run it in a thread); the default model when the
+    space has none or its version cannot be loaded (the reason is kept for the errors)."""
+    from p2p.embedding_api.batching import MicroBatcher
+    from p2p.embedding_api.indexing import spec_of
+    from p2p.embedding_api.modeling import default_spec, load_model
+
+    settings = runtime.settings.embedding
+    version = active_version(runtime, space)
+    error = None
+    if version is not None:
+        try:
+            model = load_model(spec_of(version), store=runtime.store, threads=settings.torch_threads)
+            if model.dim != version.dim:
+                raise ValueError(f"model gives {model.dim}-d vectors, the version says {version.dim}")
+            batcher = MicroBatcher(model, batch_size=settings.batch_size, wait_ms=settings.batch_wait_ms)
+            log.info("serving space %s with %s %s (%d-d)", space, version.name, version.version, model.dim)
+            return ModelState(model, batcher, space, version.id, version.name, version.version, model.dim)
+        except Exception as exc:
+            error = f"{version.name} {version.version}: {type(exc).__name__}: {exc}"[:500]
+            log.error("cannot load the active model of space %s: %s", space, error)
+    spec = default_spec()
+    model = load_model(spec, store=runtime.store, threads=settings.torch_threads)
+    batcher = MicroBatcher(model, batch_size=settings.batch_size, wait_ms=settings.batch_wait_ms)
+    if error is None:
+        log.warning("space %s has no active model version: the default model serves embeds only", space)
+    return ModelState(model, batcher, space, None, spec.name, None, model.dim, load_error=error)
+
+
+async def _retire(state: ModelState, grace_s: float) -> None:
+    await asyncio.sleep(grace_s)
+    await state.batcher.stop()
+
+
+async def refresh_forever(app: FastAPI, runtime: Runtime, space: str, interval_s: float) -> None:
+    """Swap the served model when the space's active version changes."""
+    loaded: uuid.UUID | None = app.state.model_state.version_id
+    retiring: set[asyncio.Task[None]] = set()
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            version = await asyncio.to_thread(active_version, runtime, space)
+            wanted = version.id if version is not None else None
+            if wanted == loaded:
+                continue
+            loaded = wanted  # a version that fails to load is not retried every few seconds
+            state = await asyncio.to_thread(load_state, runtime, space)
+            state.batcher.start()
+            old, app.state.model_state = app.state.model_state, state
+            task = asyncio.create_task(_retire(old, RETIRE_GRACE_S))
+            retiring.add(task)
+            task.add_done_callback(retiring.discard)
+        except asyncio.CancelledError:
+            for task in retiring:
+                task.cancel()
+            raise
+        except Exception:
+            log.exception("checking the active model of space %s failed", space)
+
+
+def mount_viewer(app: FastAPI) -> None:
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def index_page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+    @app.get("/figures/{figure_id}", include_in_schema=False)
+    def figure_page(figure_id: uuid.UUID) -> FileResponse:
+        return FileResponse(STATIC_DIR / "figure.html", media_type="text/html")
+
+
+def create_app(
+    settings: Settings | None = None,
+    runtime: Runtime | None = None,
+    *,
+    refresh_interval_s: float = REFRESH_INTERVAL_S,
+) -> FastAPI:
+    settings = runtime.settings if runtime is not None else (settings or get_settings())
+    space = settings.embedding.space
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = runtime is None
+        rt = runtime or build_runtime(settings)
+        app.state.runtime = rt
+        set_process_runtime(rt)
+        refresher: asyncio.Task[None] | None = None
+        try:
+            app.state.model_state = await asyncio.to_thread(load_state, rt, space)
+            app.state.model_state.batcher.start()
+            refresher = asyncio.create_task(refresh_forever(app, rt, space, refresh_interval_s))
+            yield
+        finally:
+            if refresher is not None:
+                refresher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await refresher
+            state = getattr(app.state, "model_state", None)
+            if state is not None:
+                await state.batcher.stop()
+            if owned:
+                rt.close()
+                set_process_runtime(None)
+
+    app = FastAPI(
+        title="Panel2Patch embedding API",
+        version="0.1.0",
+        description="Text and image embeddings, figure/panel/region retrieval, zero-shot figure types, "
+        "model versions; a web viewer at /.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
+    for module in (health, embed, search, items, classify, models):
+        app.include_router(module.router)
+    mount_viewer(app)
+    return app

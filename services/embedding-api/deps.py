@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
+from p2p.shared.auth import ANONYMOUS, Principal, Scope, authenticate, require
+from p2p.shared.errors import ServiceUnavailable
+from p2p.shared.runtime import Runtime
+from p2p.shared.settings import Settings
+
+if TYPE_CHECKING:
+    from p2p.embedding_api.batching import MicroBatcher
+    from p2p.embedding_api.modeling import EmbeddingModel
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """The model that serves this process, swapped as a whole when the space switches versions.
+
+    ``version_id`` is None while the space has no active version: the default model then serves
+    embeds, and search has no vectors to answer from."""
+
+    model: EmbeddingModel
+    batcher: MicroBatcher
+    space: str
+    version_id: uuid.UUID | None
+    name: str
+    version: str | None
+    dim: int
+    load_error: str | None = None
+
+    def require_space(self) -> uuid.UUID:
+        if self.version_id is None:
+            reason = f" (loading the active version failed: {self.load_error})" if self.load_error else ""
+            raise ServiceUnavailable(
+                f"no embedding space is ready: space '{self.space}' has no active model version{reason}; "
+                "register a model and activate it (POST /v1/models, then /v1/models/{id}/activate)",
+                error_type="space_not_ready",
+            )
+        return self.version_id
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_app_settings(runtime: RuntimeDep) -> Settings:
+    return runtime.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+def get_session(runtime: RuntimeDep) -> Iterator[Session]:
+    with runtime.session() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_model_state(request: Request) -> ModelState:
+    state: ModelState | None = getattr(request.app.state, "model_state", None)
+    if state is None:
+        raise ServiceUnavailable("the embedding model is not loaded yet", error_type="model_not_loaded")
+    return state
+
+
+ModelStateDep = Annotated[ModelState, Depends(get_model_state)]
+
+
+def scope_required(scope: Scope) -> Callable[..., Principal]:
+    def dependency(
+        runtime: RuntimeDep, session: SessionDep, authorization: Annotated[str | None, Header()] = None
+    ) -> Principal:
+        if not runtime.settings.auth_required:
+            return ANONYMOUS
+        return require(authenticate(session, authorization), scope)
+
+    return dependency
+
+
+ReadPrincipal = Annotated[Principal, Depends(scope_required(Scope.READ))]
+AdminPrincipal = Annotated[Principal, Depends(scope_required(Scope.ADMIN))]

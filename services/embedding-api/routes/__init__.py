@@ -1,0 +1,1 @@
+"""The embedding API's routers: health, embed, search, items, classify, models."""
