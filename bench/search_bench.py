@@ -226,8 +226,9 @@ def pg_queries(
 def faiss_queries(
     index: Any, queries: np.ndarray, ef: int, bitmap: np.ndarray | None
 ) -> tuple[list[float], list[list[int]]]:
-    import faiss
+    import faiss as faiss_module
 
+    faiss: Any = faiss_module  # its stubs miss the HNSW search parameters
     params = faiss.SearchParametersHNSW()
     params.efSearch = ef
     if bitmap is not None:

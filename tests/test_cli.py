@@ -118,6 +118,10 @@ def test_demo_runs_on_the_embedded_profile(monkeypatch: pytest.MonkeyPatch) -> N
         assert result.exit_code == 0, result.output
         assert "ingested 10, duplicates 0, failed 0" in said(result)
         assert "mining jobs succeeded │ 10" in said(result)
+        assert "registered the default embedding model p2p-minilm-vit 1" in said(result)
+        assert "embedded " in said(result) and "search 'fluorescence micrograph of cells' (panels):" in said(
+            result
+        )
         objects = list((data_dir / "objects" / "figures").rglob("*.*"))
         assert len(objects) == 10
         rerun = runner.invoke(app, ["demo", "--no-serve"])

@@ -511,12 +511,75 @@ def demo(
         "each figure was mined on the CPU backend: GET /v1/figures/{id} shows its panels (boxes, labels, "
         "subcaptions, types) and marker regions; `p2p eval mining --dir DIR` scores the miner."
     )
+    _demo_embedding(settings)
     if serve:
         p = port if port is not None else settings.server.port
         out.print(
-            f"serving the ingest API on http://{settings.server.host}:{p} (docs: /docs); Ctrl-C stops it"
+            f"serving the ingest API on http://{settings.server.host}:{p} (docs: /docs) and the search "
+            f"viewer and embedding API on http://{settings.server.host}:{p + 1}/; Ctrl-C stops both"
         )
+        _serve_embedding_in_background(settings, p + 1)
         serve_ingest(host=None, port=p)
+
+
+def _demo_embedding(settings: Settings) -> None:
+    """Register the default embedding model once, index the corpus with it, show one search."""
+    from p2p.embedding_api import vectors
+    from p2p.embedding_api.indexing import activate, get_space, register, spec_of
+    from p2p.embedding_api.modeling import DEFAULT_MODEL_NAME, default_spec, load_model
+    from p2p.shared.db.models import ModelStatus, ModelVersion
+    from p2p.shared.queue import InProcessDispatcher
+
+    runtime = _runtime(settings)
+    try:
+        space = settings.embedding.space
+        with runtime.session() as session:
+            version = session.scalar(
+                select(ModelVersion)
+                .where(ModelVersion.name == DEFAULT_MODEL_NAME)
+                .order_by(ModelVersion.created_at.desc())
+            )
+            if version is None:
+                version = register(session, default_spec(), "1", store=runtime.store)
+                out.print(f"registered the default embedding model {version.name} {version.version}")
+            row = get_space(session, space)
+            if row is None or row.active_version_id != version.id or version.status is not ModelStatus.READY:
+                activate(session, runtime.dispatcher, version_id=version.id, space=space)
+            version_id = version.id
+            spec = spec_of(version)
+        if isinstance(runtime.dispatcher, InProcessDispatcher):
+            runtime.dispatcher.wait_idle(600)
+        with runtime.session() as session:
+            ready = session.get(ModelVersion, version_id)
+            assert ready is not None
+            state, progress = ready.status, dict(ready.progress or {})
+        if state is not ModelStatus.READY:
+            out.print(f"embedding index not ready ({state}): `p2p models list` shows its progress")
+            return
+        out.print(
+            f"embedded {progress.get('done')} figures, panels and regions with {spec.name} "
+            f"({progress.get('items_per_s')} items/s); its vision tower is untrained until a training run"
+        )
+        model = load_model(spec, store=runtime.store, threads=settings.embedding.torch_threads)
+        query = "fluorescence micrograph of cells"
+        with runtime.engine.connect() as conn:
+            hits = vectors.search(conn, version_id, model.encode_texts([query])[0], level="panel", k=3)
+        out.print(f"search '{query}' (panels): " + ", ".join(f"{h.item_id} ({h.score:.3f})" for h in hits))
+    finally:
+        runtime.close()
+
+
+def _serve_embedding_in_background(settings: Settings, port: int) -> None:
+    import threading
+
+    import uvicorn
+
+    from p2p.embedding_api.app import create_app
+
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host=settings.server.host, port=port, log_level="warning")
+    )
+    threading.Thread(target=server.run, name="embedding-api", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -209,12 +209,12 @@ def _items(session: Session, figure_ids: Sequence[uuid.UUID] | None = None) -> I
         figures = figures.where(Figure.id.in_(figure_ids))
         panels = panels.where(Panel.figure_id.in_(figure_ids))
         regions = regions.where(Panel.figure_id.in_(figure_ids))
-    for fid, key, article in session.execute(figures.order_by(Figure.id)):
-        yield _Item("figure", fid, fid, None, None, key, None, article)
-    for pid, fid, key, kind, article in session.execute(panels.order_by(Panel.id)):
-        yield _Item("panel", pid, fid, pid, None, key, kind, article)
-    for rid, pid, fid, key, kind, article in session.execute(regions.order_by(Region.id)):
-        yield _Item("region", rid, fid, pid, rid, key, kind, article)
+    for fid, figure_key, article in session.execute(figures.order_by(Figure.id)):
+        yield _Item("figure", fid, fid, None, None, figure_key, None, article)
+    for pid, fid, panel_key, kind, article in session.execute(panels.order_by(Panel.id)):
+        yield _Item("panel", pid, fid, pid, None, str(panel_key), kind, article)
+    for rid, pid, fid, region_key, kind, article in session.execute(regions.order_by(Region.id)):
+        yield _Item("region", rid, fid, pid, rid, str(region_key), kind, article)
 
 
 def _count(session: Session) -> dict[str, int]:

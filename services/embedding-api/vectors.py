@@ -149,6 +149,8 @@ def _adapt(conn: Connection) -> Any:
     """The psycopg connection under ``conn``, with numpy <-> vector adapters registered once."""
     proxied = conn.connection
     raw = proxied.driver_connection
+    if raw is None:  # pragma: no cover - only a closed connection has none
+        raise RuntimeError("the database connection is closed")
     if not proxied.info.get(_ADAPTED):
         row = raw.execute("SELECT 'vector'::regtype::oid").fetchone()
         if row is None:  # pragma: no cover - the cast raises when the extension is missing

@@ -4,10 +4,11 @@ import asyncio
 import json
 import uuid
 
-from fastapi import APIRouter, Request, UploadFile
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from PIL import Image
 from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
 from p2p.embedding_api import service
 from p2p.embedding_api.deps import ModelStateDep, ReadPrincipal, RuntimeDep

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request, UploadFile
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from PIL import Image
 from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
 from p2p.embedding_api import service
 from p2p.embedding_api.deps import ModelStateDep, ReadPrincipal, RuntimeDep
