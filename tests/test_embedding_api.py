@@ -123,6 +123,11 @@ def test_without_an_active_version_embeds_work_and_search_says_no_space_is_ready
         assert ready.json()["checks"] == {"database": "ok", "object_store": "ok", "model": "ok"}
         assert "no active model version" in ready.json()["space"]["search"]
         assert client.get("/healthz").json() == {"status": "ok"}
+        paths = client.get("/openapi.json").json()["paths"]
+        assert {"/v1/search", "/v1/embed/texts", "/v1/classify", "/v1/models/{version_id}/activate"} <= set(
+            paths
+        )
+        assert "multipart/form-data" in paths["/v1/search"]["post"]["requestBody"]["content"]
 
         body = client.post("/v1/embed/texts", json={"texts": ["liver section", "kidney"]}).json()
         assert body["model"]["version_id"] is None and body["dim"] == 384

@@ -402,3 +402,24 @@ def test_default_model_checkpoint_keeps_trained_vision_and_frozen_text(
     assert not np.allclose(loaded.encode_images(pics), default_model.encode_images(pics))
     texts = ["an electron micrograph of mitochondria"]
     np.testing.assert_allclose(loaded.encode_texts(texts), default_model.encode_texts(texts), atol=1e-6)
+
+
+def test_random_weights_are_the_same_in_every_process_that_loads_the_spec() -> None:
+    # The indexer and each API replica load a "random" version separately: image queries only
+    # line up with the stored vectors if both built the same weights.
+    import numpy as np
+    from PIL import Image
+
+    from p2p.embedding_api.modeling import ModelSpec, load_model
+
+    config = {
+        "embed_dim": 32,
+        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1},
+    }
+    image = Image.fromarray((np.random.default_rng(1).random((64, 64, 3)) * 255).astype("uint8"))
+    first = load_model(ModelSpec("tiny", "custom", config, "random")).encode_images([image])
+    again = load_model(ModelSpec("tiny", "custom", config, "random")).encode_images([image])
+    other = load_model(ModelSpec("tiny-2", "custom", config, "random")).encode_images([image])
+    assert np.array_equal(first, again)
+    assert not np.allclose(first, other)

@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
-from p2p.shared.api import BodySizeLimit, install_error_handlers
+from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings, get_settings
@@ -107,6 +107,18 @@ async def refresh_forever(app: FastAPI, runtime: Runtime, space: str, interval_s
             log.exception("checking the active model of space %s failed", space)
 
 
+def install_batcher_handler(app: FastAPI) -> None:
+    from p2p.embedding_api.batching import BatcherStopped
+
+    @app.exception_handler(BatcherStopped)
+    async def _stopped(_: Request, exc: BatcherStopped) -> JSONResponse:
+        return error_response(
+            status_code=503,
+            message=f"{exc}; the model is being replaced, retry",
+            error_type="model_unavailable",
+        )
+
+
 def mount_viewer(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
@@ -160,6 +172,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_batcher_handler(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
     for module in (health, embed, search, items, classify, models):
         app.include_router(module.router)

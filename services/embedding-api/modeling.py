@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import json
 import logging
@@ -646,6 +647,11 @@ def _load_remote(spec: ModelSpec, kind: str, ref: str) -> tuple[torch.nn.Module,
     return model, _eval_transform(model), tokenizer
 
 
+def _spec_seed(spec: ModelSpec, config: dict[str, Any]) -> int:
+    text = json.dumps([spec.name, spec.architecture, spec.source, config], sort_keys=True, default=str)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
 def load_model(
     spec: ModelSpec, *, store: ObjectStore | None = None, threads: int | None = None
 ) -> EmbeddingModel:
@@ -681,7 +687,12 @@ def load_model(
         guard = _hub_guard() if _needs_hub(resolved) else contextlib.nullcontext(True)
         with guard as online:
             try:
-                model = _instantiate(resolved, text_pretrained=text_pretrained)
+                # Random weights are seeded by the spec: every process that loads a "random"
+                # version (the indexer, each API replica) builds the same model, so image queries
+                # line up with the stored vectors until a training run provides real weights.
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(_spec_seed(spec, resolved))
+                    model = _instantiate(resolved, text_pretrained=text_pretrained)
                 tokenizer = _make_tokenizer(resolved)
             except ModelLoadError as exc:
                 if online or "cannot load" not in str(exc):

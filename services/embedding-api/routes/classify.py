@@ -17,6 +17,7 @@ from p2p.shared.errors import InvalidInput, UnsupportedMediaType
 
 router = APIRouter(prefix="/v1", tags=["classify"])
 
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 FORM_FIELDS = {"image", "panel_id", "labels"}
 
 
@@ -42,7 +43,7 @@ async def _parse(request: Request) -> tuple[UploadFile | None, uuid.UUID | None,
             extra = any(e["type"] == "extra_forbidden" for e in exc.errors())
             raise InvalidInput(detail, error_type="unknown_field" if extra else "validation_error") from exc
         return None, body.panel_id, body.labels
-    if content_type != "multipart/form-data":
+    if content_type not in FORM_TYPES:
         raise UnsupportedMediaType(
             "send multipart/form-data (image or panel_id, labels) or application/json (panel_id, labels)",
             error_type="unsupported_media_type",

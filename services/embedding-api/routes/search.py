@@ -15,6 +15,7 @@ from p2p.shared.errors import InvalidInput, UnsupportedMediaType
 
 router = APIRouter(prefix="/v1", tags=["search"])
 
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 FORM_FIELDS = {"image", "box", "level", "k", "offset", "filters", "exact", "text"}
 
 _OPENAPI = {
@@ -92,7 +93,7 @@ async def search(
             body = SearchCreate.model_validate_json(raw or b"{}")
         except ValidationError as exc:
             raise _validation_error(exc) from exc
-    elif content_type == "multipart/form-data":
+    elif content_type in FORM_TYPES:
         fields, upload = await _from_form(request)
         box = service.parse_box(fields.pop("box", None))
         try:

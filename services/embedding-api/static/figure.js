@@ -37,14 +37,19 @@
     return group;
   }
 
+  // Both text pathways are always listed, "—" where a pathway gave nothing.
+  function pathway(label, value) {
+    return el("div", { class: "row" }, el("span", { class: "label", text: label }), value || "—");
+  }
+
   function regionCard(region, index) {
     const name = "region " + (index + 1) + " · " + region.kind + (region.marker_type ? " (" + region.marker_type + ")" : "");
     return el(
       "div",
       { class: "region" + (region.id === focusId ? " focus" : ""), "data-id": region.id },
       el("div", {}, el("span", { class: "badge region", text: "region" }), name),
-      row("caption text:", region.caption_text),
-      row("description:", region.description),
+      pathway("caption text:", region.caption_text),
+      pathway("description:", region.description),
       row("confidence:", fmt(region.confidence, 2)),
       el("div", { class: "provenance", text: provenance(region.provenance) })
     );
@@ -55,8 +60,8 @@
       "div",
       { class: "card" + (panel.id === focusId ? " focus" : ""), "data-id": panel.id, "data-level": "panel" },
       el("h3", {}, el("span", { class: "badge panel", text: "panel" }), panel.label || "(no label)"),
-      row("subcaption:", panel.subcaption),
-      row("description:", panel.description),
+      pathway("subcaption:", panel.subcaption),
+      pathway("description:", panel.description),
       row("type:", [panel.figure_type, panel.modality].filter(Boolean).join(" / ")),
       row("confidence:", fmt(panel.confidence, 2)),
       el("div", { class: "provenance", text: provenance(panel.provenance) }),
