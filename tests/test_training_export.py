@@ -27,10 +27,12 @@ from p2p.shared.runtime import Runtime, build_runtime
 from p2p.shared.schemas import ArticleIn, FigureMetadata
 from p2p.shared.settings import Settings
 from p2p.training.dataset import (
+    DatasetError,
     EmptySplit,
     FigureDataset,
     FigureRecord,
     ShardMissing,
+    decode_sample,
     iter_samples,
     read_manifest,
 )
@@ -77,11 +79,13 @@ def corpus(pg_url: str, engine: Engine, tmp_path_factory: pytest.TempPathFactory
     tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {tables} CASCADE"))
-    settings = Settings(
-        profile="embedded",
-        data_dir=tmp_path_factory.mktemp("training") / "data",
-        db={"url": pg_url},
-        queue={"embedded_queues": ["ingest"]},
+    settings = Settings.model_validate(
+        {
+            "profile": "embedded",
+            "data_dir": tmp_path_factory.mktemp("training") / "data",
+            "db": {"url": pg_url},
+            "queue": {"embedded_queues": ["ingest"]},
+        }
     )
     runtime = build_runtime(settings)
     mined = []
@@ -130,6 +134,7 @@ def test_export_writes_shards_index_and_manifest(corpus: Corpus) -> None:
     assert stored["source_counts"]["figures"] == 5 and stored["source_counts"]["figures_mined"] == 4
     assert sum(c["figures"] for c in manifest.counts.values()) == 5
     assert sum(c["plain"] for c in manifest.counts.values()) == 1
+    assert all(c["figures"] > 0 for c in manifest.counts.values()), manifest.counts
     for info in manifest.shards:
         assert info.key.startswith(f"snap/spread/{info.split}/shard-") and info.key.endswith(".tar")
         assert store.size(info.key) == info.size and 1 <= info.samples <= 2
@@ -299,6 +304,19 @@ def test_missing_shard_and_empty_split_are_reported(corpus: Corpus) -> None:
     with pytest.raises(EmptySplit, match="split val has no samples"):
         iter_samples(store, "snap/broken", "val", shuffle_buffer=0, seed=0, epoch=0)
     assert read_manifest(store, "snap/broken")["counts"]["val"]["figures"] == 0
+
+
+def test_crop_missing_from_a_sample_is_cut_from_the_figure() -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30), "red").save(buffer, format="PNG")
+    region = {"id": "r", "box_in_panel": [1, 1, 5, 5], "box_in_figure": [11, 1, 15, 5], "crop": None}
+    panel = {"id": "p", "box": [10, 0, 30, 20], "crop": None, "subcaption": None, "regions": [region]}
+    doc = {"caption": "c", "panels": [panel]}
+    record = decode_sample("k", {"figure.png": buffer.getvalue(), "json": json.dumps(doc).encode()})
+    assert record.panels[0].image.size == (20, 20) and record.panels[0].subcaption == ""
+    assert record.panels[0].regions[0].image.size == (4, 4)
+    with pytest.raises(DatasetError, match="no figure image"):
+        decode_sample("k", {"json": b"{}"})
 
 
 # Last: the per-test database fixture empties the tables the module corpus lives in.

@@ -87,7 +87,9 @@ def test_group_mean_and_inter_level_use_the_right_indices():
 def test_granularity_kl_is_zero_when_children_agree_with_their_parent():
     parent = torch.randn(3, 5, generator=_gen(9))
     index = torch.tensor([0, 0, 1, 2])
-    assert float(L.granularity_kl(parent, parent[index], index, temperature=2.0)) == pytest.approx(0.0, abs=1e-6)
+    assert float(L.granularity_kl(parent, parent[index], index, temperature=2.0)) == pytest.approx(
+        0.0, abs=1e-6
+    )
     other = torch.randn(4, 5, generator=_gen(10)) * 4
     assert float(L.granularity_kl(parent, other, index)) > 0.01
 
@@ -116,6 +118,11 @@ def test_roi_pooling_picks_the_tokens_inside_the_box():
     # a hot region: a box on it pools ~1, a box elsewhere ~0
     hot = torch.zeros(1, 3, 4, 4)
     hot[0, :, 1:3, 2:4] = 1.0
-    two = roi_pool_tokens(hot, torch.tensor([[64.0, 16.0, 128.0, 48.0], [0.0, 32.0, 32.0, 64.0]]),
-                          torch.tensor([0, 0]), sizes[:1], output_size=2)
+    two = roi_pool_tokens(
+        hot,
+        torch.tensor([[64.0, 16.0, 128.0, 48.0], [0.0, 32.0, 32.0, 64.0]]),
+        torch.tensor([0, 0]),
+        sizes[:1],
+        output_size=2,
+    )
     assert two[0].min() > 0.75 and two[1].max() < 0.1

@@ -3,8 +3,9 @@
 One sample per mined figure (key = the figure's id, hex): ``{key}.figure.{jpg|png}`` (the stored
 bytes; other formats are re-encoded as PNG), ``{key}.json`` (texts, article metadata and the
 figure -> panel -> region hierarchy with the member name of every crop), ``{key}.panel_{i}.png`` and
-``{key}.region_{i}_{j}.png``. Figures without panels may be mixed in as plain figure-caption pairs
-(``"plain": true``, no panels) at a requested fraction of the samples.
+``{key}.region_{i}_{j}.png``. Figures without panels (not mined yet, or mined into nothing; never
+failed ones) may be mixed in as plain figure-caption pairs (``"plain": true``, no panels) so that
+they make up about ``mix_plain_pairs`` of the samples; which ones is a salted hash of the figure id.
 
 Rows are streamed in figure-id order (``yield_per``) and each split's current shard is a temp file,
 so memory holds one sample at a time; a full shard is uploaded (checksum-verified by the store) and
