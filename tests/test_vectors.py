@@ -246,7 +246,13 @@ def test_selective_filter_through_the_hnsw_index_still_returns_k(engine: Engine,
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         for q in queries(corpus64, "region", 5, seed=21):
             hits = vectors.search(
-                conn, corpus64.version_id, q, level="region", k=10, filters=SearchFilters(figure_type="rare")
+                conn,
+                corpus64.version_id,
+                q,
+                level="region",
+                k=10,
+                filters=SearchFilters(figure_type="rare"),
+                exact_below=0,
             )
             assert len(hits) == 10 and {h.item_id for h in hits} <= rare
             assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)

@@ -101,9 +101,10 @@ def image_tensor(
 ) -> torch.Tensor:
     """RGB, squashed to ``size`` x ``size`` (no crop, so boxes scale exactly), normalised, (3, S, S)."""
     rgb = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
-    arr = np.asarray(rgb, dtype=np.float32) / 255.0
-    arr = (arr - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    pixels = torch.from_numpy(np.array(rgb, dtype=np.float32)).permute(2, 0, 1) / 255.0
+    shape = (3, 1, 1)
+    mean_t, std_t = torch.tensor(mean).reshape(shape), torch.tensor(std).reshape(shape)
+    return ((pixels - mean_t) / std_t).contiguous()
 
 
 def _stack(tensors: list[torch.Tensor], size: int) -> torch.Tensor:
@@ -124,9 +125,17 @@ def collate(
         return image_tensor(im, image_size, mean, std)
 
     other = augment or plain
-    fig_imgs, fig_txt = [], []
-    pan_imgs, pan_txt, pan_fig, pan_size = [], [], [], []
-    reg_imgs, reg_cap, reg_desc, reg_pan, reg_box = [], [], [], [], []
+    fig_imgs: list[torch.Tensor] = []
+    pan_imgs: list[torch.Tensor] = []
+    reg_imgs: list[torch.Tensor] = []
+    fig_txt: list[str] = []
+    pan_txt: list[str] = []
+    reg_cap: list[str] = []
+    reg_desc: list[str] = []
+    pan_fig: list[int] = []
+    reg_pan: list[int] = []
+    pan_size: list[tuple[int, int]] = []
+    reg_box: list[list[float]] = []
     for fi, figure in enumerate(samples):
         fig_imgs.append(other(figure.figure_image))
         fig_txt.append(figure.caption)

@@ -54,40 +54,42 @@ class ModelSection(_Strict):
 class LevelRatios(_Strict):
     """Batches of each level per cycle of the alternating schedule (0 skips a level)."""
 
-    region: int = Field(1, ge=0)
-    panel: int = Field(1, ge=0)
-    figure: int = Field(1, ge=0)
+    region: int = Field(default=1, ge=0)
+    panel: int = Field(default=1, ge=0)
+    figure: int = Field(default=1, ge=0)
 
 
 class Objectives(_Strict):
     fine: bool = True  # ROI-pooled panel tokens <-> region crop embedding and region text
     inter_level: bool = True  # M<->P and P<->R (needs levels="all")
     mgll: bool = False  # multi-positive soft-label intra-level loss + cross-granularity KL
-    kl_temperature: float = Field(2.0, gt=0)  # softens both distributions of the MGLL KL
+    kl_temperature: float = Field(default=2.0, gt=0)  # softens both distributions of the MGLL KL
 
 
 class LossWeights(_Strict):
-    intra: float = Field(1.0, ge=0)
-    fine: float = Field(1.0, ge=0)
-    inter: float = Field(1.0, ge=0)
-    kl: float = Field(0.1, ge=0)
+    intra: float = Field(default=1.0, ge=0)
+    fine: float = Field(default=1.0, ge=0)
+    inter: float = Field(default=1.0, ge=0)
+    kl: float = Field(default=0.1, ge=0)
 
 
 class BatchSizes(_Strict):
     """Items per batch of each level (figures, panels, regions); ``figure`` also sizes mixed batches."""
 
-    figure: int = Field(16, ge=1)
-    panel: int = Field(64, ge=1)
-    region: int = Field(128, ge=1)
+    figure: int = Field(default=16, ge=1)
+    panel: int = Field(default=64, ge=1)
+    region: int = Field(default=128, ge=1)
 
 
 class LearningRates(_Strict):
     """Per parameter group (see ``optim.param_groups`` for which parameters each group holds)."""
 
-    shared: float = Field(1e-5, ge=0)  # trainable encoder weights (vision blocks, ln_post, proj, text)
-    bbox_head: float = Field(5e-6, ge=0)  # the ROI head projecting pooled patch tokens
-    fine: float = Field(1e-5, ge=0)  # region / ROI / panel<->region logit scales
-    coarse: float = Field(1e-5, ge=0)  # figure / panel / figure<->panel logit scales
+    shared: float = Field(
+        default=1e-5, ge=0
+    )  # trainable encoder weights (vision blocks, ln_post, proj, text)
+    bbox_head: float = Field(default=5e-6, ge=0)  # the ROI head projecting pooled patch tokens
+    fine: float = Field(default=1e-5, ge=0)  # region / ROI / panel<->region logit scales
+    coarse: float = Field(default=1e-5, ge=0)  # figure / panel / figure<->panel logit scales
 
 
 class TrainConfig(_Strict):
@@ -99,21 +101,21 @@ class TrainConfig(_Strict):
     weights: LossWeights = LossWeights()
     seed: int = 0
     batch_sizes: BatchSizes = BatchSizes()
-    epochs: int = Field(1, ge=1)
-    max_steps: int | None = Field(None, ge=1)  # caps the run (and sets the cosine horizon) when given
-    warmup_steps: int = Field(1000, ge=0)
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)  # cosine floor as a fraction of each group's lr
+    epochs: int = Field(default=1, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)  # caps the run (and sets the cosine horizon) when given
+    warmup_steps: int = Field(default=1000, ge=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)  # cosine floor as a fraction of each group's lr
     lr: LearningRates = LearningRates()
-    weight_decay: float = Field(0.05, ge=0)
+    weight_decay: float = Field(default=0.05, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0)
-    grad_clip_norm: float | None = Field(1.0, gt=0)  # None: no clipping (the norm is still reported)
+    eps: float = Field(default=1e-8, gt=0)
+    grad_clip_norm: float | None = Field(default=1.0, gt=0)  # None: no clipping (the norm is still reported)
     precision: Literal["fp32", "bf16"] = "fp32"
     freeze_text: bool = True
-    train_last_vision_blocks: int = Field(5, ge=-1)  # -1: the whole vision tower
-    roi_output_size: int = Field(2, ge=1)
+    train_last_vision_blocks: int = Field(default=5, ge=-1)  # -1: the whole vision tower
+    roi_output_size: int = Field(default=2, ge=1)
     init_logit_scale: float = math.log(1 / 0.07)
-    max_logit_scale: float = Field(100.0, gt=0)
+    max_logit_scale: float = Field(default=100.0, gt=0)
     device: str = "cpu"
 
     @model_validator(mode="after")

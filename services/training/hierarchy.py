@@ -215,7 +215,7 @@ class HierarchicalCLIP(nn.Module):
             for lv in img_levels:
                 n = len(images[lv])
                 out[f"{lv}_image"] = feats[start : start + n]
-                if lv == "panel" and tokens is not None:
+                if lv == "panel" and tokens is not None and "panel_tokens" in needs:
                     out["panel_tokens"] = tokens[start : start + n]
                 start += n
         txt_levels = [lv for lv in ("figure", "panel", "region") if f"{lv}_text" in needs and texts.get(lv)]

@@ -32,3 +32,16 @@ class TimestampMixin:
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), default=utcnow, nullable=False
     )
+
+
+# Vector tables are created per model version at run time (p2p.embedding_api.vectors), not by
+# migrations: schema comparison and autogenerate must leave them alone.
+VECTOR_TABLE_PREFIX = "embedding_"
+STATIC_TABLES_WITH_PREFIX = frozenset({"embedding_space"})
+
+
+def is_migrated_name(name: str | None, type_: str, parent_names: object = None) -> bool:
+    """Alembic ``include_name`` hook: False for the per-version vector tables."""
+    if type_ == "table" and name and name.startswith(VECTOR_TABLE_PREFIX):
+        return name in STATIC_TABLES_WITH_PREFIX
+    return True

@@ -4,7 +4,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 from p2p.shared.db import models  # noqa: F401  (registers the tables)
-from p2p.shared.db.base import Base
+from p2p.shared.db.base import Base, is_migrated_name
 
 target_metadata = Base.metadata
 
@@ -24,7 +24,12 @@ def run_migrations_online() -> None:
     assert url is not None
     engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            compare_type=True,
+            include_name=is_migrated_name,
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()
