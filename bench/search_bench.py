@@ -417,7 +417,10 @@ def main() -> None:
             with engine.connect() as conn:
                 if hide is not None:
                     conn.exec_driver_sql(f"DROP INDEX {hide}")
-                vectors.search(conn, version_id, queries[0], level="region", k=K, filters=rare_filter)
+                # Sets the transaction's hnsw.* settings (iterative scan) the EXPLAIN then runs with.
+                vectors.search(
+                    conn, version_id, queries[0], level="region", k=K, filters=rare_filter, exact_below=0
+                )
                 plan = conn.exec_driver_sql(explain, (RARE, queries[0])).fetchall()
                 result[key] = [r[0] if len(r[0]) < 160 else r[0][:150] + " ..." for r in plan]
                 conn.rollback()

@@ -149,7 +149,7 @@ class EmbeddingSettings(BaseModel):
     max_k: int = Field(default=1000, ge=1)
     hnsw_m: int = Field(default=16, ge=2, le=100)
     hnsw_ef_construction: int = Field(default=64, ge=4, le=1000)
-    hnsw_ef_search: int = Field(default=100, ge=1, le=1000)
+    hnsw_ef_search: int = Field(default=200, ge=1, le=1000)
     reindex_batch: int = Field(default=64, ge=1, le=4096)
     crop_url_ttl_s: int = Field(default=3600, ge=60, description="Lifetime of presigned crop URLs (S3).")
 
