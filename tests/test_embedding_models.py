@@ -423,3 +423,19 @@ def test_random_weights_are_the_same_in_every_process_that_loads_the_spec() -> N
     other = load_model(ModelSpec("tiny-2", "custom", config, "random")).encode_images([image])
     assert np.array_equal(first, again)
     assert not np.allclose(first, other)
+
+
+def test_text_padding_is_trimmed_without_changing_the_embedding() -> None:
+    import numpy as np
+    import torch
+
+    from p2p.embedding_api.modeling import default_spec, load_model
+
+    model = load_model(default_spec())
+    texts = ["cells", "a kidney biopsy stained with hematoxylin and eosin showing glomeruli"]
+    tokens = model.tokenizer(texts)
+    trimmed = model._trim_padding(tokens)
+    assert trimmed.shape[1] < tokens.shape[1]  # 128 columns of mostly padding become a few
+    with torch.inference_mode():
+        full = torch.nn.functional.normalize(model.model.encode_text(tokens).float(), dim=-1).numpy()
+    assert np.allclose(model.encode_texts(texts), full, atol=1e-5)

@@ -575,10 +575,20 @@ class EmbeddingModel:
         chunks: list[np.ndarray] = []
         with self._lock, torch.inference_mode():
             for start in range(0, len(items), TEXT_BATCH):
-                tokens = self.tokenizer(items[start : start + TEXT_BATCH])
+                tokens = self._trim_padding(self.tokenizer(items[start : start + TEXT_BATCH]))
                 features = self.model.encode_text(tokens)  # type: ignore[operator]
                 chunks.append(self._as_numpy(features))
         return np.concatenate(chunks, axis=0)
+
+    def _trim_padding(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A Hugging Face text tower masks its padding, so trailing pad columns change nothing but
+        cost time: a short query padded to 128 tokens runs ~4x slower than trimmed."""
+        text = getattr(self.model, "text", None)
+        pad_id = getattr(getattr(text, "config", None), "pad_token_id", None)
+        if pad_id is None or tokens.ndim != 2:
+            return tokens
+        used = (tokens != pad_id).any(dim=0).nonzero()
+        return tokens[:, : int(used.max()) + 1] if used.numel() else tokens
 
     def encode_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         if not images:
