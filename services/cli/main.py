@@ -46,6 +46,15 @@ def _register_models() -> None:
 
 _register_models()
 
+
+def _register_eval_retrieval() -> None:
+    from p2p.cli.eval_retrieval_cmd import eval_retrieval
+
+    eval_app.command("retrieval")(eval_retrieval)
+
+
+_register_eval_retrieval()
+
 console = Console(stderr=True)
 out = Console()
 
