@@ -3,10 +3,8 @@ a random one about 1/N, identical texts are one target, zero-shot accuracy, and 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from p2p.cli import eval_retrieval_cmd as cmd
 from p2p.shared.storage import LocalObjectStore
 from p2p.training import evaluate as ev
 from p2p.training.dataset import FigureRecord, iter_samples
+from tests import shards
 
 NAMES = ["red", "green", "blue"]
 TYPES = ["image", "plot", "table"]
@@ -96,33 +95,12 @@ def _sample(f: int, truth: Truth) -> list[tuple[str, bytes]]:
     return [*members, (f"{key}.json", json.dumps(doc).encode())]
 
 
-def _put(store: LocalObjectStore, key: str, data: bytes, content_type: str) -> str:
-    sha = hashlib.sha256(data).hexdigest()
-    store.put(key, io.BytesIO(data), size=len(data), sha256=sha, content_type=content_type)
-    return sha
-
-
 def write_snapshot(store: LocalObjectStore, prefix: str, n: int, split: str = "test") -> Truth:
     truth = Truth()
-    shards: list[dict[str, Any]] = []
-    for start in range(0, n, 4):
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for f in range(start, min(start + 4, n)):
-                for name, data in _sample(f, truth):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        key = f"{prefix}/{split}/shard-{len(shards):06d}.tar"
-        data = buffer.getvalue()
-        sha = _put(store, key, data, "application/x-tar")
-        shards.append(
-            {"key": key, "split": split, "samples": min(4, n - start), "size": len(data), "sha256": sha}
-        )
-    counts = {s: {"figures": 0, "plain": 0, "panels": 0, "regions": 0} for s in ("train", "val", "test")}
-    counts[split] = {"figures": n, "plain": 0, "panels": 2 * n, "regions": 4 * n}
-    manifest = {"snapshot_name": prefix, "out_prefix": prefix, "counts": counts, "shards": shards}
-    _put(store, f"{prefix}/manifest.json", json.dumps(manifest).encode(), "application/json")
+    counts = {"figures": n, "panels": 2 * n, "regions": 4 * n}
+    shards.write_snapshot(
+        store, prefix, n, lambda f: _sample(f, truth), split=split, per_shard=4, counts=counts
+    )
     return truth
 
 

@@ -4,14 +4,12 @@ checkpoints, data errors before training, a non-finite loss, and the entry point
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
 import signal
 import subprocess
 import sys
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from p2p.training import checkpoints as ckpt
 from p2p.training.config import TrainConfig
 from p2p.training.hierarchy import HierarchicalCLIP
 from p2p.training.runner import RunResult, TrainingDataError, run_training
+from tests import shards
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -108,37 +107,16 @@ def write_snapshot(
     store: LocalObjectStore, prefix: str, n: int, *, split: str = "train", regions: bool = True
 ) -> None:
     """``n`` figures in shards of 3 under ``prefix/{split}/`` and a manifest like ``export_corpus``'s."""
-    shards: list[dict[str, Any]] = []
-    for start in range(0, n, 3):
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for f in range(start, min(start + 3, n)):
-                for name, data in _sample(f, regions):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        data = buffer.getvalue()
-        key = f"{prefix}/{split}/shard-{len(shards):06d}.tar"
-        sha = hashlib.sha256(data).hexdigest()
-        store.put(key, io.BytesIO(data), size=len(data), sha256=sha, content_type="application/x-tar")
-        shards.append(
-            {"key": key, "split": split, "samples": min(3, n - start), "size": len(data), "sha256": sha}
-        )
-    counts = {s: {"figures": 0, "plain": 0, "panels": 0, "regions": 0} for s in ("train", "val", "test")}
-    counts[split] = {"figures": n, "plain": 0, "panels": 2 * n, "regions": 4 * n if regions else 0}
-    manifest: dict[str, Any] = {
-        "snapshot_name": prefix.replace("/", "-"),
-        "out_prefix": prefix,
-        "counts": counts,
-    }
-    manifest["shards"] = shards
-    body = json.dumps(manifest).encode()
-    store.put(
-        f"{prefix}/manifest.json",
-        io.BytesIO(body),
-        size=len(body),
-        sha256=hashlib.sha256(body).hexdigest(),
-        content_type="application/json",
+    counts = {"figures": n, "panels": 2 * n, "regions": 4 * n if regions else 0}
+    shards.write_snapshot(
+        store,
+        prefix,
+        n,
+        lambda f: _sample(f, regions),
+        split=split,
+        per_shard=3,
+        counts=counts,
+        snapshot_name=prefix.replace("/", "-"),
     )
 
 
