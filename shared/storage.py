@@ -64,6 +64,31 @@ class ObjectStore(Protocol):
     def ping(self) -> None: ...
 
 
+def put_bytes(store: ObjectStore, key: str, data: bytes, content_type: str) -> str:
+    """Store ``data`` under ``key`` (the store verifies its sha256); returns the sha256."""
+    sha = hashlib.sha256(data).hexdigest()
+    store.put(key, io.BytesIO(data), size=len(data), sha256=sha, content_type=content_type)
+    return sha
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    """sha256 and size of a file, read in 1 MiB chunks."""
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as fh:
+        while chunk := fh.read(1024 * 1024):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def put_file(store: ObjectStore, key: str, path: Path, content_type: str) -> tuple[str, int]:
+    """Stream a local file into the store (which verifies it); returns its sha256 and size."""
+    sha, size = file_sha256(path)
+    with path.open("rb") as fh:
+        store.put(key, fh, size=size, sha256=sha, content_type=content_type)
+    return sha, size
+
+
 class LocalObjectStore:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()

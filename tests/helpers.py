@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 import random
+import uuid
 from typing import Any
 
 from PIL import Image
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from p2p.shared.db.models import Article, Batch, Figure, MiningJob
+from p2p.shared.db.models import Article, Batch, Figure, MiningJob, Panel, Region
 from p2p.shared.storage import ObjectStore
 
 
@@ -69,3 +70,18 @@ def assert_error(response: Any, status: int, error_type: str) -> None:
     assert body["error"]["type"] == error_type, body
     assert body["error"]["code"] == status
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+
+
+def job_row_counts(runtime: Any, job_id: str) -> tuple[int, int]:
+    """Panels and regions a mining job stored."""
+    with runtime.session() as session:
+        panels = session.scalar(
+            select(func.count()).select_from(Panel).where(Panel.mining_job_id == uuid.UUID(job_id))
+        )
+        regions = session.scalar(
+            select(func.count())
+            .select_from(Region)
+            .join(Panel)
+            .where(Panel.mining_job_id == uuid.UUID(job_id))
+        )
+    return int(panels or 0), int(regions or 0)

@@ -3,22 +3,15 @@ straight into a store, for training tests that need no Postgres."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from p2p.shared.storage import ObjectStore
+from p2p.shared.storage import ObjectStore, put_bytes
 
 Member = tuple[str, bytes]
-
-
-def put_bytes(store: ObjectStore, key: str, data: bytes, content_type: str) -> str:
-    sha = hashlib.sha256(data).hexdigest()
-    store.put(key, io.BytesIO(data), size=len(data), sha256=sha, content_type=content_type)
-    return sha
 
 
 def write_snapshot(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from p2p.ingest.app import create_app
 from p2p.mining.costs import aggregate_costs
@@ -26,7 +26,7 @@ from p2p.shared.db.models import Figure, FigureStatus, JobStatus, MiningJob, Pan
 from p2p.shared.queue import MINE_FIGURE_TASK, MINING_LVLM_QUEUE, MINING_QUEUE
 from p2p.shared.runtime import Runtime
 from tests.conftest import RuntimeFactory
-from tests.helpers import upload
+from tests.helpers import job_row_counts, upload
 from tests.lvlm_fixtures import lvlm_settings
 from tests.lvlm_sim import SimServer
 
@@ -61,18 +61,6 @@ def _job(runtime: Runtime, job_id: str) -> MiningJob:
         assert job is not None
         session.expunge(job)
         return job
-
-
-def _rows(runtime: Runtime, job_id: str) -> tuple[int, int]:
-    with runtime.session() as session:
-        panels = session.scalar(select(func.count()).where(Panel.mining_job_id == uuid.UUID(job_id)))
-        regions = session.scalar(
-            select(func.count())
-            .select_from(Region)
-            .join(Panel)
-            .where(Panel.mining_job_id == uuid.UUID(job_id))
-        )
-    return int(panels or 0), int(regions or 0)
 
 
 def test_an_lvlm_job_stores_the_hierarchy_with_its_cost_and_prompt_versions(
@@ -126,7 +114,7 @@ def test_a_server_down_sends_the_job_back_to_the_queue_and_the_last_attempt_uses
         mine_job(lvlm_runtime, uuid.UUID(job_id), paper_miner)
     job = _job(lvlm_runtime, job_id)
     assert job.status is JobStatus.QUEUED and "model server unavailable" in (job.error or "")
-    assert _rows(lvlm_runtime, job_id) == (0, 0)
+    assert job_row_counts(lvlm_runtime, job_id) == (0, 0)
     with lvlm_runtime.session() as session:
         figure = session.get(Figure, uuid.UUID(figure_id))
         assert figure is not None and figure.status is FigureStatus.QUEUED
@@ -136,7 +124,7 @@ def test_a_server_down_sends_the_job_back_to_the_queue_and_the_last_attempt_uses
     job = _job(lvlm_runtime, job_id)
     assert any("mined with the CPU backend" in note for note in job.notes)
     assert job.params["miner_version"] == cpu_miner.version
-    assert _rows(lvlm_runtime, job_id)[0] >= 1
+    assert job_row_counts(lvlm_runtime, job_id)[0] >= 1
 
 
 def test_a_server_dying_mid_figure_leaves_no_rows_and_a_rerun_completes_once(
@@ -151,12 +139,12 @@ def test_a_server_dying_mid_figure_leaves_no_rows_and_a_rerun_completes_once(
     with pytest.raises(LvlmUnavailable):
         mine_job(lvlm_runtime, uuid.UUID(job_id), paper_miner)
     assert _job(lvlm_runtime, job_id).status is JobStatus.QUEUED
-    assert _rows(lvlm_runtime, job_id) == (0, 0)
+    assert job_row_counts(lvlm_runtime, job_id) == (0, 0)
 
     sim.revive()
     paper_miner.client._healthy_until = 0.0
     assert mine_job(lvlm_runtime, uuid.UUID(job_id), paper_miner).status is JobStatus.SUCCEEDED
-    first = _rows(lvlm_runtime, job_id)
+    first = job_row_counts(lvlm_runtime, job_id)
     assert first[0] == len(lvlm_entries[FIGURE]["panels"])
     with lvlm_runtime.session() as session:  # a forced re-run replaces, never adds
         job = session.get(MiningJob, uuid.UUID(job_id))
@@ -164,7 +152,7 @@ def test_a_server_dying_mid_figure_leaves_no_rows_and_a_rerun_completes_once(
         job.status = JobStatus.QUEUED
         session.commit()
     mine_job(lvlm_runtime, uuid.UUID(job_id), paper_miner)
-    assert _rows(lvlm_runtime, job_id) == first
+    assert job_row_counts(lvlm_runtime, job_id) == first
     assert _job(lvlm_runtime, job_id).attempts == 3
 
 

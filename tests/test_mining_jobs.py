@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from sqlalchemy import func, select
 
 from p2p.ingest.app import create_app
 from p2p.ingest.samples import make_figure
 from p2p.mining.jobs import mine_job
 from p2p.mining.tasks import get_miner
-from p2p.shared.db.models import JobStatus, MiningJob, Panel, Region
+from p2p.shared.db.models import JobStatus, MiningJob
 from p2p.shared.queue import InProcessDispatcher
 from p2p.shared.runtime import Runtime
 from tests.conftest import RuntimeFactory
-from tests.helpers import upload
+from tests.helpers import job_row_counts, upload
 
 ALL_QUEUES = {"queue": {"embedded_queues": ["ingest", "mining"]}}
 
@@ -48,20 +47,6 @@ def _png(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, format="PNG")
     return buffer.getvalue()
-
-
-def _counts(runtime: Runtime, job_id: str) -> tuple[int, int]:
-    with runtime.session() as session:
-        panels = session.scalar(
-            select(func.count()).select_from(Panel).where(Panel.mining_job_id == uuid.UUID(job_id))
-        )
-        regions = session.scalar(
-            select(func.count())
-            .select_from(Region)
-            .join(Panel)
-            .where(Panel.mining_job_id == uuid.UUID(job_id))
-        )
-    return int(panels or 0), int(regions or 0)
 
 
 @pytest.mark.parametrize("store_kind", ["local", "s3"], indirect=True)
@@ -96,7 +81,7 @@ def test_rerun_and_duplicate_delivery_replace_never_duplicate(
     accepted = upload(mining_client, sample.image, caption=sample.caption).json()
     _idle(mining_runtime)
     job_id = accepted["job_id"]
-    first = _counts(mining_runtime, job_id)
+    first = job_row_counts(mining_runtime, job_id)
     assert first[0] >= 2
 
     # A finished job delivered again does nothing.
@@ -121,7 +106,7 @@ def test_rerun_and_duplicate_delivery_replace_never_duplicate(
     for thread in threads:
         thread.join()
     assert sorted(o.skipped or "ran" for o in outcomes) in (["locked", "ran"], ["already mined", "ran"])
-    assert _counts(mining_runtime, job_id) == first
+    assert job_row_counts(mining_runtime, job_id) == first
     job_view = mining_client.get(f"/v1/jobs/{job_id}").json()
     assert job_view["attempts"] == 2 and job_view["status"] == "succeeded"
 

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -367,15 +368,9 @@ def db_upgrade(revision: str = "head") -> None:
     out.print(f"database at {revision}")
 
 
-@serve_app.command("ingest")
-def serve_ingest(
-    host: Annotated[str | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option()] = None,
-) -> None:
-    """Serve the ingest API (OpenAPI docs at /docs)."""
+def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | None) -> None:
+    """Run one service API with uvicorn; without API keys only on a loopback address."""
     import uvicorn
-
-    from p2p.ingest.app import create_app
 
     settings = _settings()
     host = host or settings.server.host
@@ -388,6 +383,17 @@ def serve_ingest(
         raise typer.Exit(2)
     logging.getLogger().setLevel(settings.log_level)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+
+
+@serve_app.command("ingest")
+def serve_ingest(
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Serve the ingest API (OpenAPI docs at /docs)."""
+    from p2p.ingest.app import create_app
+
+    _serve(create_app, host, port)
 
 
 @serve_app.command("embedding-api")
@@ -396,21 +402,9 @@ def serve_embedding_api(
     port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Serve the embedding and retrieval API and its web viewer (at /)."""
-    import uvicorn
-
     from p2p.embedding_api.app import create_app
 
-    settings = _settings()
-    host = host or settings.server.host
-    port = port if port is not None else settings.server.port
-    if not settings.auth_required and host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(
-            "[red]refusing to serve without API keys on a non-loopback address; "
-            "set P2P_AUTH__REQUIRED=true or bind 127.0.0.1[/red]"
-        )
-        raise typer.Exit(2)
-    logging.getLogger().setLevel(settings.log_level)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+    _serve(create_app, host, port)
 
 
 @eval_app.command("mining")

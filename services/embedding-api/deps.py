@@ -1,17 +1,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
-from fastapi import Depends, Header, Request
-from sqlalchemy.orm import Session
+from fastapi import Depends, Request
 
-from p2p.shared.auth import ANONYMOUS, Principal, Scope, authenticate, require
+from p2p.shared.deps import AdminPrincipal, ReadPrincipal, RuntimeDep, SessionDep, SettingsDep
 from p2p.shared.errors import ServiceUnavailable
-from p2p.shared.runtime import Runtime
-from p2p.shared.settings import Settings
 
 if TYPE_CHECKING:
     from p2p.embedding_api.batching import MicroBatcher
@@ -45,29 +41,6 @@ class ModelState:
         return self.version_id
 
 
-def get_runtime(request: Request) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
-    return runtime
-
-
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-
-
-def get_app_settings(runtime: RuntimeDep) -> Settings:
-    return runtime.settings
-
-
-SettingsDep = Annotated[Settings, Depends(get_app_settings)]
-
-
-def get_session(runtime: RuntimeDep) -> Iterator[Session]:
-    with runtime.session() as session:
-        yield session
-
-
-SessionDep = Annotated[Session, Depends(get_session)]
-
-
 def get_model_state(request: Request) -> ModelState:
     state: ModelState | None = getattr(request.app.state, "model_state", None)
     if state is None:
@@ -78,16 +51,13 @@ def get_model_state(request: Request) -> ModelState:
 ModelStateDep = Annotated[ModelState, Depends(get_model_state)]
 
 
-def scope_required(scope: Scope) -> Callable[..., Principal]:
-    def dependency(
-        runtime: RuntimeDep, session: SessionDep, authorization: Annotated[str | None, Header()] = None
-    ) -> Principal:
-        if not runtime.settings.auth_required:
-            return ANONYMOUS
-        return require(authenticate(session, authorization), scope)
-
-    return dependency
-
-
-ReadPrincipal = Annotated[Principal, Depends(scope_required(Scope.READ))]
-AdminPrincipal = Annotated[Principal, Depends(scope_required(Scope.ADMIN))]
+__all__ = [
+    "AdminPrincipal",
+    "ModelState",
+    "ModelStateDep",
+    "ReadPrincipal",
+    "RuntimeDep",
+    "SessionDep",
+    "SettingsDep",
+    "get_model_state",
+]

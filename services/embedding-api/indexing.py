@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from p2p.embedding_api import vectors
 from p2p.embedding_api.modeling import EmbeddingModel, ModelLoadError, ModelSpec, load_model
 from p2p.shared.db.base import utcnow
 from p2p.shared.db.models import (
@@ -217,14 +218,6 @@ def _items(session: Session, figure_ids: Sequence[uuid.UUID] | None = None) -> I
         yield _Item("region", rid, fid, pid, rid, str(region_key), kind, article)
 
 
-def _count(session: Session) -> dict[str, int]:
-    return {
-        "figure": int(session.scalar(select(func.count()).where(Figure.status == FigureStatus.MINED)) or 0),
-        "panel": int(session.scalar(select(func.count()).where(Panel.crop_key.is_not(None))) or 0),
-        "region": int(session.scalar(select(func.count()).where(Region.crop_key.is_not(None))) or 0),
-    }
-
-
 def _articles(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, tuple[Any, Any, Any]]:
     if not ids:
         return {}
@@ -239,7 +232,6 @@ def _articles(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, tuple[An
 def _embed_batch(
     runtime: Runtime, model: EmbeddingModel, version_id: uuid.UUID, batch: list[_Item]
 ) -> tuple[int, int]:
-    from p2p.embedding_api import vectors
 
     images: list[Image.Image] = []
     kept: list[_Item] = []
@@ -285,7 +277,6 @@ def _embed_batch(
 def reindex(runtime: Runtime, version_id: uuid.UUID, space: str) -> dict[str, Any]:
     """Embed the whole corpus with ``version_id``; switch ``space`` to it when complete. A failure
     marks the version failed with its reason and leaves the space's active version as it was."""
-    from p2p.embedding_api import vectors
 
     settings = runtime.settings.embedding
     with runtime.session() as session:
@@ -306,9 +297,11 @@ def reindex(runtime: Runtime, version_id: uuid.UUID, space: str) -> dict[str, An
             ef_construction=settings.hnsw_ef_construction,
         )
         with runtime.session() as session:
-            totals = _count(session)
             items = list(_items(session))
-        done = {level: 0 for level in totals}
+        totals = {
+            level: sum(item.level == level for item in items) for level in ("figure", "panel", "region")
+        }
+        done = dict.fromkeys(totals, 0)
         skipped = 0
         _progress(runtime, version_id, state="running", space=space, total=totals, done=done, started=started)
         for start in range(0, len(items), settings.reindex_batch):
@@ -402,11 +395,18 @@ def embed_figures(runtime: Runtime, figure_ids: Sequence[uuid.UUID]) -> int:
     for version in versions:
         if version is None or version.status not in (ModelStatus.READY, ModelStatus.INDEXING):
             continue
-        model = _models.get(version, runtime.store, runtime.settings.embedding.torch_threads)
-        from p2p.embedding_api import vectors
-
-        vectors.ensure_table(runtime.engine, version.id, version.dim)
-        size = runtime.settings.embedding.reindex_batch
+        settings = runtime.settings.embedding
+        model = _models.get(version, runtime.store, settings.torch_threads)
+        # A version activated a moment ago may not have its table yet: same index parameters as
+        # the re-index that would have made it.
+        vectors.ensure_table(
+            runtime.engine,
+            version.id,
+            version.dim,
+            m=settings.hnsw_m,
+            ef_construction=settings.hnsw_ef_construction,
+        )
+        size = settings.reindex_batch
         for start in range(0, len(items), size):
             embedded, _ = _embed_batch(runtime, model, version.id, items[start : start + size])
             written += embedded

@@ -33,7 +33,7 @@ from p2p.shared.db.models import (
     RegionKind,
 )
 from p2p.shared.runtime import Runtime
-from p2p.shared.storage import ObjectStore
+from p2p.shared.storage import ObjectStore, put_bytes
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ def _put_png(store: ObjectStore, crop: np.ndarray) -> str | None:
     sha = hashlib.sha256(data).hexdigest()
     key = f"crops/{sha[:2]}/{sha}.png"
     if not store.exists(key):
-        store.put(key, io.BytesIO(data), size=len(data), sha256=sha, content_type="image/png")
+        put_bytes(store, key, data, "image/png")
     return key
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from p2p.shared.storage import ObjectNotFound, ObjectStore
+from p2p.shared.storage import ObjectNotFound, ObjectStore, put_bytes, put_file
 from p2p.training.config import TrainConfig
 
 CHECKPOINT_FORMAT = "p2p-train-checkpoint/1"
@@ -110,20 +110,9 @@ def restore_rng(state: dict[str, Any], generator: torch.Generator | None = None)
 # ------------------------------------------------------------------------------------------ I/O
 
 
-def _sha256_file(path: Path) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as fh:
-        while chunk := fh.read(1024 * 1024):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
 def _upload(store: ObjectStore, key: str, path: Path, content_type: str) -> tuple[str, int]:
     """Upload a file (the store checks size and sha256) and verify the stored object's size."""
-    sha, size = _sha256_file(path)
-    with path.open("rb") as fh:
-        store.put(key, fh, size=size, sha256=sha, content_type=content_type)
+    sha, size = put_file(store, key, path, content_type)
     stored = store.size(key)
     if stored != size:
         raise CheckpointError(f"checkpoint upload {key}: stored {stored} bytes, expected {size}")
@@ -131,14 +120,7 @@ def _upload(store: ObjectStore, key: str, path: Path, content_type: str) -> tupl
 
 
 def _put_json(store: ObjectStore, key: str, doc: dict[str, Any]) -> None:
-    data = json.dumps(doc, indent=2, sort_keys=True).encode()
-    store.put(
-        key,
-        io.BytesIO(data),
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-        content_type="application/json",
-    )
+    put_bytes(store, key, json.dumps(doc, indent=2, sort_keys=True).encode(), "application/json")
 
 
 def _temp_path(tmp_dir: str | os.PathLike[str] | None, name: str) -> Path:

@@ -15,7 +15,6 @@ removed. The export is a snapshot: a prefix that already holds a manifest is ref
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
@@ -35,7 +34,7 @@ from sqlalchemy.orm import Session, selectinload
 from p2p.shared.db.base import utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, LicenseGroup, Panel, Region
 from p2p.shared.runtime import Runtime
-from p2p.shared.storage import ObjectStore, validate_key
+from p2p.shared.storage import ObjectStore, put_bytes, put_file, validate_key
 from p2p.training.splits import SPLITS, SplitConfig, assign_split, group_key, unit_interval
 
 IMAGE_EXTENSIONS = {"JPEG": "jpg", "PNG": "png"}
@@ -110,22 +109,6 @@ class _Sample:
     plain: bool
 
 
-def _sha256_file(path: Path) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as fh:
-        while chunk := fh.read(1024 * 1024):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def _put_file(store: ObjectStore, key: str, path: Path, content_type: str) -> tuple[str, int]:
-    sha, size = _sha256_file(path)
-    with path.open("rb") as fh:
-        store.put(key, fh, size=size, sha256=sha, content_type=content_type)
-    return sha, size
-
-
 class _ShardWriter:
     """The shards of one split: a temp tar file that is uploaded and replaced every ``shard_size`` samples."""
 
@@ -159,7 +142,7 @@ class _ShardWriter:
         self._tar.close()
         path = self.tmp / f"{self.split}.tar"
         key = self.current_key
-        sha, size = _put_file(self.store, key, path, "application/x-tar")
+        sha, size = put_file(self.store, key, path, "application/x-tar")
         path.unlink()
         self.shards.append(ShardInfo(key=key, split=self.split, samples=self._count, size=size, sha256=sha))
         self._tar, self._count = None, 0
@@ -460,7 +443,7 @@ def export_corpus(
                 f"of {source_counts['figures']})"
             )
         index_key = f"{prefix}/index.parquet"
-        _put_file(store, index_key, tmp / "index.parquet", "application/vnd.apache.parquet")
+        put_file(store, index_key, tmp / "index.parquet", "application/vnd.apache.parquet")
     manifest = ExportManifest(
         snapshot_name=snapshot_name,
         created_at=_iso(utcnow()),
@@ -476,13 +459,7 @@ def export_corpus(
         manifest_key=f"{prefix}/manifest.json",
     )
     data = json.dumps(manifest.as_dict(), indent=2, sort_keys=True).encode()
-    store.put(
-        manifest.manifest_key,
-        io.BytesIO(data),
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-        content_type="application/json",
-    )
+    put_bytes(store, manifest.manifest_key, data, "application/json")
     return manifest
 
 

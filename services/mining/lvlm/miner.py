@@ -337,7 +337,7 @@ class LvlmMiner:
                 new_panels = await asyncio.to_thread(
                     self._panels_from_votes, image, snapped, ctx.caption, run
                 )
-                regions = _reassign(regions, panels, new_panels)
+                regions = _reassign(regions, new_panels)
                 panels = new_panels
             else:
                 run.fallback("panels", "no usable decomposition: CPU panels kept")
@@ -403,7 +403,7 @@ def _snap(vote: VotedPanel, cpu_boxes: list[geometry.Box]) -> VotedPanel:
     return vote
 
 
-def _reassign(regions: list[Region], old: list[MinedPanel], new: list[MinedPanel]) -> list[Region]:
+def _reassign(regions: list[Region], new: list[MinedPanel]) -> list[Region]:
     """Regions found on the CPU panels, moved to the new panel that holds most of each."""
     out = []
     for region in regions:
