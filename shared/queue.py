@@ -33,8 +33,9 @@ RUN_BATCH_TASK = "p2p.ingest.run_batch"
 MINE_FIGURE_TASK = "p2p.mining.mine_figure"
 REINDEX_TASK = "p2p.embedding.reindex"
 EMBED_FIGURES_TASK = "p2p.embedding.embed_figures"
+TRAIN_RUN_TASK = "p2p.training.run"
 
-TASK_MODULES = ["p2p.ingest.tasks", "p2p.mining.tasks", "p2p.embedding_api.tasks"]
+TASK_MODULES = ["p2p.ingest.tasks", "p2p.mining.tasks", "p2p.embedding_api.tasks", "p2p.training.tasks"]
 
 celery_app = Celery("p2p", include=TASK_MODULES)
 

@@ -32,6 +32,6 @@ def test_upgrade_downgrade_round_trip(postgres: PostgresHandle) -> None:
         migrate.downgrade(url, "base")
         assert "figure" not in inspect(engine).get_table_names()
         migrate.upgrade(url)
-        assert migrate.current_revision(engine) == "0003"
+        assert migrate.current_revision(engine) == "0004"
     finally:
         engine.dispose()

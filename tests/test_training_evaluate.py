@@ -192,6 +192,7 @@ def test_oracle_scores_one_on_every_task(snapshot: tuple[LocalObjectStore, Truth
     zs = report["zero_shot"]
     assert zs["panels"] == 2 * N and zs["labels"] == sorted(TYPES)
     assert sum(t["panels"] for t in zs["per_type"].values()) == 2 * N
+    assert zs["balanced_accuracy"] == 1.0
 
 
 def test_random_model_scores_about_one_over_n(snapshot: tuple[LocalObjectStore, Truth]) -> None:
@@ -263,6 +264,7 @@ def test_zero_shot_accuracy_of_a_wrong_model(snapshot: tuple[LocalObjectStore, T
     assert zs["per_type"]["plot"]["accuracy"] == 0.0 and zs["per_type"]["image"]["accuracy"] == 0.0
     expected = zs["per_type"]["table"]["panels"] / zs["panels"]
     assert zs["accuracy"] == pytest.approx(expected)
+    assert zs["balanced_accuracy"] == pytest.approx(1 / 3)  # one of three types always right
     assert report["panel"]["image_to_text"]["R@1"] == 1.0
 
 

@@ -74,6 +74,18 @@ def _ingest(runtime: Runtime, seed: int, article: ArticleIn) -> tuple[uuid.UUID,
         return outcome.figure.id, outcome.job.id
 
 
+def mine_articles(runtime: Runtime, articles: list[tuple[int, str]]) -> list[uuid.UUID]:
+    """Ingest ``make_figure(seed)`` for each (seed, pmcid) and mine it with the CPU miner."""
+    miner = get_miner()
+    mined = []
+    for seed, pmcid in articles:
+        article = ArticleIn(pmcid=pmcid, title=f"Paper {seed}", journal="J Test", year=2000 + seed)
+        figure_id, job_id = _ingest(runtime, seed, article)
+        mine_job(runtime, job_id, miner)
+        mined.append(figure_id)
+    return mined
+
+
 @pytest.fixture(scope="module")
 def corpus(pg_url: str, engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
     tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)

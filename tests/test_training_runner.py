@@ -38,16 +38,18 @@ NAMES = ["red", "green", "blue", "yellow", "purple", "orange"]
 RUN: dict[str, Any] = {"checkpoint_every": 2, "keep_checkpoints": 2, "progress_every": 2, "shuffle_buffer": 3}
 
 
+TINY_TRAINING: dict[str, Any] = {
+    "model": {"name": "tiny", "config": TINY},
+    "warmup_steps": 0,
+    "lr": FAST_LR,
+    "batch_sizes": {"figure": 2, "panel": 3, "region": 4},
+    "max_steps": 6,
+    "epochs": 5,
+}
+
+
 def tiny_cfg(**kw: Any) -> TrainConfig:
-    base: dict[str, Any] = {
-        "model": {"name": "tiny", "config": TINY},
-        "warmup_steps": 0,
-        "lr": FAST_LR,
-        "batch_sizes": {"figure": 2, "panel": 3, "region": 4},
-        "max_steps": 6,
-        "epochs": 5,
-    }
-    return TrainConfig.model_validate({**base, **kw})
+    return TrainConfig.model_validate({**TINY_TRAINING, **kw})
 
 
 def _png(image: Image.Image) -> bytes:

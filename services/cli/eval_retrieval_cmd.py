@@ -87,7 +87,7 @@ def _table(rows: list[dict[str, Any]], ks: list[int], split: str) -> Table:
         for short in ("i2t", "t2i"):
             for k in ks:
                 columns.append(f"{task} {short} R@{k}")
-    columns.append("zero-shot acc")
+    columns.extend(["zero-shot acc", "zero-shot bal acc"])
     for col in columns:  # two-line headers keep the table narrow
         task, _, rest = col.partition(" ")
         table.add_column(f"{task}\n{rest}", justify="right")

@@ -26,6 +26,7 @@ from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings, get_settings
+from p2p.training import routes as training_routes
 
 log = logging.getLogger(__name__)
 
@@ -176,5 +177,6 @@ def create_app(
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
     for module in (health, embed, search, items, classify, models):
         app.include_router(module.router)
+    app.include_router(training_routes.router)
     mount_viewer(app)
     return app

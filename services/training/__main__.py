@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+    from p2p.training.trainer_process import die_with_parent
+
+    die_with_parent()
 
     def progress(info: dict[str, Any]) -> None:
         print(json.dumps({"event": "progress", **info}, default=str), flush=True)

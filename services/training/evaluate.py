@@ -29,15 +29,16 @@ DEFAULT_KS: tuple[int, ...] = (1, 5, 10)
 RETRIEVAL_TASKS: tuple[str, ...] = ("panel", "region", "figure")
 CHUNK = 1024  # query rows scored at a time: bounds the similarity matrix's memory
 
-# Readable zero-shot prompts for the panel types the miners assign; other types get "a <type>".
+# Zero-shot prompts for the panel types the miners assign, worded the way captions describe such
+# panels (a bare "a plot" sits far from "Box plots of ..." for a sentence encoder); others get "a <type>".
 TYPE_PHRASES: dict[str, str] = {
-    "image": "a photograph or micrograph",
+    "image": "a micrograph, photograph or medical image",
     "photo": "a photograph",
-    "plot": "a plot",
-    "chart": "a chart",
-    "schematic": "a schematic diagram",
+    "plot": "a bar graph, box plot, line plot or scatter plot",
+    "chart": "a chart or graph",
+    "schematic": "a schematic or flow chart",
     "diagram": "a diagram",
-    "table": "a table",
+    "table": "a table of values",
 }
 ZERO_SHOT_TEMPLATES: tuple[str, ...] = (
     "{label}",
@@ -152,7 +153,12 @@ def _retrieval(model: Encoder, pairs: Pairs, ks: Sequence[int]) -> dict[str, Any
 
 def _zero_shot(model: Encoder, data: EvalSet) -> dict[str, Any]:
     labels = sorted(set(data.panel_types))
-    result: dict[str, Any] = {"panels": len(data.panel_types), "labels": labels, "accuracy": 0.0}
+    result: dict[str, Any] = {
+        "panels": len(data.panel_types),
+        "labels": labels,
+        "accuracy": 0.0,
+        "balanced_accuracy": 0.0,
+    }
     if not labels:
         return result
     images = _normalised(model.encode_images(data.typed_panels))
@@ -164,6 +170,9 @@ def _zero_shot(model: Encoder, data: EvalSet) -> dict[str, Any]:
         label: {"panels": int((truth == i).sum()), "accuracy": float(np.mean(predicted[truth == i] == i))}
         for i, label in enumerate(labels)
     }
+    # The mean of the per-type accuracies: a model that answers one type for every panel scores
+    # 1/len(labels) here, whatever the share of the majority type (which plain accuracy rewards).
+    result["balanced_accuracy"] = float(np.mean([v["accuracy"] for v in result["per_type"].values()]))
     return result
 
 
@@ -200,6 +209,7 @@ def flatten(report: Mapping[str, Any]) -> dict[str, float | int]:
             for name, value in part[direction].items():
                 row[f"{task} {short} {name}"] = value
     row["zero-shot acc"] = report["zero_shot"]["accuracy"]
+    row["zero-shot bal acc"] = report["zero_shot"]["balanced_accuracy"]
     for task in RETRIEVAL_TASKS:
         row[f"{task} n"] = report[task]["images"]
     row["zero-shot n"] = report["zero_shot"]["panels"]

@@ -174,7 +174,9 @@ class Batcher:
         return batch
 
 
-def _check_data(manifest: dict[str, Any], split: str, config: TrainConfig, world_size: int) -> dict[str, int]:
+def check_data(
+    manifest: dict[str, Any], split: str, config: TrainConfig, world_size: int = 1
+) -> dict[str, int]:
     """Raise :class:`TrainingDataError` before training when the split cannot fill one batch per level."""
     try:
         split_shards(manifest, split)
@@ -336,7 +338,7 @@ def run_training(
     rank, world_size = _dist()
     manifest = read_manifest(store, data_prefix)
     snapshot = str(manifest.get("snapshot_name") or data_prefix)
-    counts = _check_data(manifest, split, config, world_size)
+    counts = check_data(manifest, split, config, world_size)
     state = ckpt.load_latest(store, out_prefix)
     if state is not None:
         ckpt.check_compatible(state, config, snapshot)
@@ -430,6 +432,9 @@ def run_training(
             "samples_per_s": window.samples / elapsed,
             "steps_per_s": window.steps / elapsed,
             "eta_s": max(total - step, 0) / rate if rate > 0 else None,
+            "total_steps": int(total),
+            "resumed_from": resumed_from,
+            "checkpoint": last_key,
         }
         window.reset(now)
         if rank != 0:
@@ -515,4 +520,4 @@ def _unwrap(model: torch.nn.Module) -> HierarchicalCLIP:
     return inner
 
 
-__all__ = ["Batcher", "RunResult", "TrainingDataError", "run_training", "to_sample"]
+__all__ = ["Batcher", "RunResult", "TrainingDataError", "check_data", "run_training", "to_sample"]

@@ -327,3 +327,52 @@ class EmbeddingSpace(TimestampMixin, Base):
     pending_version_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("model_version.id", ondelete="SET NULL")
     )
+
+
+class TrainingRunStatus(enum.StrEnum):
+    QUEUED = "queued"  # waiting for a training worker (also after an interruption: it resumes)
+    EXPORTING = "exporting"  # writing the data snapshot the run trains on
+    TRAINING = "training"  # the trainer subprocess is running
+    EVALUATING = "evaluating"  # scoring the trained model against the untrained one
+    COMPLETED = "completed"  # trained, evaluated and registered as a model version
+    FAILED = "failed"  # ``error`` says why; the last good checkpoint is kept
+    CANCELLED = "cancelled"  # stopped on request; its checkpoint is kept
+
+    @property
+    def finished(self) -> bool:
+        return self in (TrainingRunStatus.COMPLETED, TrainingRunStatus.FAILED, TrainingRunStatus.CANCELLED)
+
+
+class TrainingRun(TimestampMixin, Base):
+    """One hierarchical CLIP training run: its config, data snapshot, progress, checkpoints and result."""
+
+    __tablename__ = "training_run"
+    __table_args__ = (Index("ix_training_run_status_created", "status", "created_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    name: Mapped[str | None] = mapped_column(String(128))
+    status: Mapped[TrainingRunStatus] = mapped_column(
+        _enum(TrainingRunStatus, "training_run_status"), default=TrainingRunStatus.QUEUED, nullable=False
+    )
+    config: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)  # the validated TrainConfig
+    # What to train on: {"snapshot": prefix} or export options {"filters": {...}, "mix_plain_pairs": x}.
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
+    # Runner and registration options: checkpoint_every, progress_every, register, activate, ...
+    options: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
+    snapshot_prefix: Mapped[str | None] = mapped_column(String(1024))
+    snapshot: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)  # name, counts
+    out_prefix: Mapped[str] = mapped_column(String(1024), nullable=False)
+    # {"step", "epoch", "total_steps", "losses", "samples_per_s", "eta_s", "updated_at", ...}
+    progress: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)  # evaluation
+    checkpoint: Mapped[str | None] = mapped_column(String(1024))  # latest committed checkpoint key
+    final_model: Mapped[str | None] = mapped_column(String(1024))
+    model_version_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("model_version.id", ondelete="SET NULL")
+    )
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(default=False, nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
