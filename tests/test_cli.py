@@ -114,18 +114,24 @@ def test_demo_runs_on_the_embedded_profile(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("P2P_DATA_DIR", str(data_dir))
     get_settings.cache_clear()
     try:
-        result = runner.invoke(app, ["demo", "--no-serve"])
+        small = ["--synthetic", "16", "--train-steps", "3"]
+        result = runner.invoke(app, ["demo", "--no-serve", *small])
         assert result.exit_code == 0, result.output
         assert "ingested 10, duplicates 0, failed 0" in said(result)
-        assert "mining jobs succeeded │ 10" in said(result)
-        assert "registered the default embedding model p2p-minilm-vit 1" in said(result)
-        assert "embedded " in said(result) and "search 'fluorescence micrograph of cells' (panels):" in said(
-            result
-        )
+        assert "drew 16 synthetic compound figures" in said(result) and "ingested 16," in said(result)
+        assert "mining jobs succeeded │ 26" in said(result)
+        assert "training the small hierarchical CLIP model for 3 steps" in said(result)
+        assert "completed" in said(result) and "trained beats untrained on" in said(result)
+        assert "trained by the demo run" in said(result)
+        assert "search 'fluorescence micrograph of cells' (panels):" in said(result)
         objects = list((data_dir / "objects" / "figures").rglob("*.*"))
-        assert len(objects) == 10
-        rerun = runner.invoke(app, ["demo", "--no-serve"])
+        assert len(objects) == 26
+        rerun = runner.invoke(app, ["demo", "--no-serve", *small])
         assert rerun.exit_code == 0 and "ingested 0, duplicates 10" in said(rerun)
+        assert "skipping training" in said(rerun) and "trained by the demo run" in said(rerun)
+        untrained = runner.invoke(app, ["demo", "--no-serve", "--synthetic", "0", "--train-steps", "0"])
+        assert untrained.exit_code == 0, untrained.output
+        assert "registered the default embedding model p2p-minilm-vit 1" in said(untrained)
     finally:
         get_settings.cache_clear()
         shutil.rmtree(data_dir, ignore_errors=True)

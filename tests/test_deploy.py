@@ -11,7 +11,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +34,17 @@ CELERY_QUEUES = {"ingest", "mining", "mining-lvlm", "embedding", "training"}
 P2P_COMMANDS = {("serve", "ingest"), ("serve", "embedding-api"), ("db", "upgrade")}
 P2P_COMMANDS_NOT_YET_BUILT: set[tuple[str, ...]] = set()
 # The app services of the stack (compose and k8s), besides the datastores and migrate.
-APP_SERVICES = ("ingest", "ingest-worker", "mining-worker", "embedding-api", "embedding-worker")
-WORKER_SERVICES = ("ingest-worker", "mining-worker", "embedding-worker")
+APP_SERVICES = (
+    "ingest",
+    "ingest-worker",
+    "mining-worker",
+    "embedding-api",
+    "embedding-worker",
+    "training-worker",
+)
+WORKER_SERVICES = ("ingest-worker", "mining-worker", "embedding-worker", "training-worker")
 EMBEDDING_IMAGE = "panel2patch/embedding-api:latest"
+TRAINING_IMAGE = "panel2patch/training:latest"
 
 # Variables docker-compose.yml requires (`${VAR:?...}`), with throwaway values.
 COMPOSE_REQUIRED_ENV = {
@@ -376,6 +387,7 @@ def test_compose_commands_are_known() -> None:
     assert _celery_queue(_as_argv(services["mining-worker"]["command"])) == "mining"
     assert _as_argv(services["embedding-api"]["command"]) == ["p2p", "serve", "embedding-api"]
     assert _celery_queue(_as_argv(services["embedding-worker"]["command"])) == "embedding"
+    assert _celery_queue(_as_argv(services["training-worker"]["command"])) == "training"
     for name, service in services.items():
         if "build" in service:
             _check_command(_as_argv(service.get("command")), f"compose {name}")
@@ -626,6 +638,7 @@ def test_k8s_expected_objects() -> None:
         ("Deployment", "embedding-api"),
         ("Service", "embedding-api"),
         ("Deployment", "embedding-worker"),
+        ("Deployment", "training-worker"),
         ("StatefulSet", "postgres"),
         ("Service", "postgres"),
         ("StatefulSet", "redis"),
@@ -681,6 +694,7 @@ def test_k8s_app_images_and_commands() -> None:
         ("Deployment", "mining-worker"): ("panel2patch/mining:latest", ("celery", "mining")),
         ("Deployment", "embedding-api"): (EMBEDDING_IMAGE, ("p2p", ("serve", "embedding-api"))),
         ("Deployment", "embedding-worker"): (EMBEDDING_IMAGE, ("celery", "embedding")),
+        ("Deployment", "training-worker"): (TRAINING_IMAGE, ("celery", "training")),
         ("Job", "p2p-migrate"): ("panel2patch/ingest:latest", ("p2p", ("db", "upgrade"))),
     }
     for (kind, name), (image, (tool, target)) in expected.items():
@@ -826,10 +840,22 @@ def test_k8s_gpu_addon_is_separate_from_the_cpu_base() -> None:
     # after the base instead of including it.
     assert not any(entry.startswith("..") for entry in listed)
     files = {p.name for p in K8S_GPU.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(listed) == files == {"vllm.yaml", "mining-worker-lvlm.yaml"}
+    assert len(listed) == len(set(listed)), "the GPU kustomization lists a file twice"
+    assert (
+        set(listed)
+        == files
+        == {
+            "vllm.yaml",
+            "mining-worker-lvlm.yaml",
+            "training-config.yaml",
+            "training-job.yaml",
+        }
+    )
     # The base stays CPU-only: no GPU object in `kubectl apply -k k8s/`.
     base = _kustomized_resources()
-    assert not any(doc["metadata"]["name"] in {"vllm", "mining-worker-lvlm"} for doc in base)
+    gpu_names = {doc["metadata"]["name"] for doc in _gpu_resources()}
+    assert {"vllm", "mining-worker-lvlm", GPU_TRAIN_JOB, GPU_TRAIN_CONFIG} <= gpu_names
+    assert not any(doc["metadata"]["name"] in gpu_names for doc in base)
     assert "nvidia.com/gpu" not in json.dumps(base)
     assert not any(doc["kind"] == "Secret" for doc in _gpu_resources())
     assert "kubectl apply -k k8s/gpu" in (K8S_GPU / "kustomization.yaml").read_text()
@@ -852,7 +878,7 @@ def test_k8s_kustomize_builds(directory: Path) -> None:
 
 def test_k8s_gpu_workloads_have_resources() -> None:
     for doc in _gpu_resources():
-        if doc["kind"] != "Deployment":
+        if doc["kind"] not in {"Deployment", "Job"}:
             continue
         spec = _pod_spec(doc)
         for container in [*spec.get("initContainers", []), *spec["containers"]]:
@@ -931,6 +957,288 @@ def test_k8s_lvlm_mining_worker() -> None:
     assert key_ref["valueFrom"]["secretKeyRef"]["optional"] is True
     # The CPU backend stays the default for new jobs; the GPU add-on does not change it.
     assert _find("ConfigMap", "p2p-config")["data"]["P2P_MINING__BACKEND"] == "cpu"
+
+
+# --------------------------------------------------------------------------- (c2) training
+
+GPU_TRAIN_JOB = "p2p-train-gpu"
+GPU_TRAIN_CONFIG = "p2p-training-gpu"
+# A gigabyte-sized checkpoint upload after the current step: the worker pods get at least this.
+MIN_TRAINING_GRACE_S = 300
+# The trainer's command line as TrainerProcess builds it (`python -m p2p.training ...`); the
+# stop scripts find it by "-m p2p[.]training " in /proc/*/cmdline.
+STOP_PATTERN = "-m p2p[.]training "
+FAKE_TRAINER = """
+import signal, sys, time
+def stop(*_):
+    print("trainer-stopped", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("trainer-ready", flush=True)
+time.sleep(120)
+sys.exit(9)
+"""
+# Stands in for Celery: starts a trainer, and on SIGTERM (warm shutdown) waits for it.
+FAKE_WORKER = """
+import signal, subprocess, sys, time
+token = sys.argv[1]
+trainer = subprocess.Popen(
+    [sys.executable, "-c", sys.argv[2], "-m", "p2p." + token, "--config", "x"],
+    stdout=subprocess.PIPE, text=True,
+)
+assert trainer.stdout.readline().strip() == "trainer-ready"
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+print("worker-ready", flush=True)
+deadline = time.monotonic() + 60
+while not stopping and time.monotonic() < deadline:
+    time.sleep(0.05)
+out, _ = trainer.communicate(timeout=30)
+# 3: the trainer checkpointed (stopped on SIGTERM) before the worker went away.
+sys.exit(3 if stopping and "trainer-stopped" in out else 4)
+"""
+
+
+def _training_queue() -> str:
+    from p2p.shared.queue import TRAINING_QUEUE
+
+    return TRAINING_QUEUE
+
+
+def _concurrency(argv: list[str]) -> int:
+    """The pool size of a celery worker command line (Celery's default is the CPU count)."""
+    assert "--autoscale" not in " ".join(argv), f"autoscaling changes the pool size: {argv}"
+    for index, arg in enumerate(argv):
+        if arg in ("-c", "--concurrency"):
+            return int(argv[index + 1])
+        if arg.startswith("--concurrency="):
+            return int(arg.split("=", 1)[1])
+    raise AssertionError(f"no explicit concurrency (the default is one process per CPU): {argv}")
+
+
+def _check_training_worker_argv(argv: list[str], where: str) -> None:
+    _check_command(argv, where)
+    assert _celery_queue(argv) == _training_queue(), f"{where}: not the training queue"
+    assert _concurrency(argv) == 1, f"{where}: one run at a time per worker"
+    # The trainer is a child of the pool process; a thread pool would share one process.
+    assert not any(arg.startswith("--pool") or arg == "-P" for arg in argv), f"{where}: keep prefork"
+
+
+def _k8s_seconds(seconds: Any) -> int:
+    assert isinstance(seconds, int), f"not a number of seconds: {seconds!r}"
+    return seconds
+
+
+def test_training_worker_consumes_the_training_queue_with_one_process() -> None:
+    compose = _load_compose()["services"]["training-worker"]
+    _check_training_worker_argv(_as_argv(compose["command"]), "compose training-worker")
+    (container,) = _pod_spec(_find("Deployment", "training-worker"))["containers"]
+    _check_training_worker_argv(_container_argv(container), "k8s training-worker")
+    cmds = [args for name, args in _dockerfile_instructions(DOCKERFILES["training"]) if name == "CMD"]
+    _check_training_worker_argv(json.loads(cmds[-1]), "services/training/Dockerfile")
+
+
+def test_training_grace_periods_leave_time_for_a_checkpoint() -> None:
+    from p2p.training.jobs import STOP_GRACE_S
+
+    # The worker itself gives a stopping trainer STOP_GRACE_S; the platform must not kill sooner.
+    minimum = max(MIN_TRAINING_GRACE_S, STOP_GRACE_S)
+    compose = _load_compose()["services"]["training-worker"]
+    assert _seconds(compose["stop_grace_period"]) >= minimum
+    worker = _pod_spec(_find("Deployment", "training-worker"))
+    assert _k8s_seconds(worker["terminationGracePeriodSeconds"]) >= minimum
+    job_spec = _pod_spec(_find_gpu("Job", GPU_TRAIN_JOB))
+    grace = _k8s_seconds(job_spec["terminationGracePeriodSeconds"])
+    # torchrun SIGKILLs the ranks after --shutdown-timeout (30 s by default), whatever the pod allows.
+    timeout = int(_flag_value(_container_argv(job_spec["containers"][0]), "--shutdown-timeout"))
+    assert minimum <= timeout < grace, (timeout, grace)
+
+
+def test_k8s_training_worker() -> None:
+    deployment = _find("Deployment", "training-worker")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/part-of"] == NAMESPACE
+    spec = _pod_spec(deployment)
+    (container,) = spec["containers"]
+    assert container["image"] == TRAINING_IMAGE
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    memory = str(container["resources"]["limits"]["memory"])
+    assert memory.endswith("Gi") and float(memory[:-2]) >= 8, "a training run needs generous memory"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]], "temp files go to an emptyDir"
+    assert "nvidia.com/gpu" not in json.dumps(deployment), "the base stays CPU-only"
+
+
+def _stop_scripts() -> dict[str, str]:
+    """The shell scripts that SIGTERM the trainer before the worker stops (compose: `$$` unescaped)."""
+    (container,) = _pod_spec(_find("Deployment", "training-worker"))["containers"]
+    prestop = container["lifecycle"]["preStop"]["exec"]["command"]
+    entrypoint = _as_argv(_load_compose()["services"]["training-worker"]["entrypoint"])
+    assert prestop[:2] == ["sh", "-c"] and entrypoint[:2] == ["sh", "-c"]
+    return {"k8s preStop": prestop[2], "compose entrypoint": entrypoint[2].replace("$$", "$")}
+
+
+def test_training_stop_scripts_match_the_trainer_command(tmp_path: Path) -> None:
+    from p2p.shared.settings import Settings
+    from p2p.shared.storage import LocalObjectStore
+    from p2p.training.trainer_process import TrainerProcess
+
+    # The command line the worker really starts (not started here), as /proc/PID/cmdline shows it.
+    trainer = TrainerProcess(
+        store=LocalObjectStore(tmp_path),
+        settings=Settings(),
+        config_path=tmp_path / "config.json",
+        data_prefix="snap",
+        out_prefix="run",
+        checkpoint_every=1,
+        keep_checkpoints=1,
+        progress_every=1,
+        shuffle_buffer=0,
+    )
+    cmdline = " ".join(trainer.command) + " "
+    assert re.search(STOP_PATTERN, cmdline), cmdline
+    for where, script in _stop_scripts().items():
+        assert script.count(STOP_PATTERN) == 1, f"{where} does not look for the trainer"
+        # The pattern must not match the script's own command line (or grep's).
+        assert not re.search(STOP_PATTERN, script), f"{where} would signal itself"
+
+
+def _spawn_fake_trainer(token: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FAKE_TRAINER, "-m", f"p2p.{token}", "--config", "x"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "trainer-ready"
+    return proc
+
+
+def test_k8s_training_prestop_signals_only_the_trainer() -> None:
+    # A unique token instead of "training", so no real trainer on this machine is touched.
+    token = f"t{uuid.uuid4().hex}"
+    script = _stop_scripts()["k8s preStop"].replace("p2p[.]training", f"p2p[.]{token}")
+    trainer = _spawn_fake_trainer(token)
+    bystander = _spawn_fake_trainer(f"{token}x"[::-1])
+    try:
+        result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        out, _ = trainer.communicate(timeout=30)
+        assert "trainer-stopped" in out and trainer.returncode == 0
+        assert bystander.poll() is None, "the hook signalled a process that is not the trainer"
+    finally:
+        for proc in (trainer, bystander):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_compose_training_entrypoint_stops_the_trainer_before_the_worker() -> None:
+    token = f"t{uuid.uuid4().hex}"
+    script = _stop_scripts()["compose entrypoint"].replace("p2p[.]training", f"p2p[.]{token}")
+    wrapper = subprocess.Popen(
+        ["sh", "-c", script, "training-worker", sys.executable, "-c", FAKE_WORKER, token, FAKE_TRAINER],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wrapper.stdout is not None and wrapper.stdout.readline().strip() == "worker-ready"
+        wrapper.send_signal(signal.SIGTERM)
+        # The worker's exit status passes through: 3 means the trainer stopped cleanly first.
+        assert wrapper.wait(timeout=60) == 3
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+
+
+def test_compose_training_worker() -> None:
+    services = _load_compose()["services"]
+    worker = services["training-worker"]
+    assert worker["build"] == {"context": ".", "dockerfile": "services/training/Dockerfile"}
+    assert worker["image"] == TRAINING_IMAGE
+    assert worker["healthcheck"] == services["ingest-worker"]["healthcheck"]
+    # The entrypoint runs the command it is given, so `command` stays the worker's.
+    entrypoint = _as_argv(worker["entrypoint"])
+    assert '"$$@" &' in entrypoint[2] and len(entrypoint) == 4
+
+
+def test_k8s_gpu_training_job() -> None:
+    job = _find_gpu("Job", GPU_TRAIN_JOB)
+    # Applying the add-on (for vLLM) must not start a 4-GPU run with placeholder inputs.
+    assert job["spec"]["suspend"] is True
+    # A retry resumes from {out}/latest.json, so retries are worth having.
+    assert job["spec"]["backoffLimit"] >= 1
+    spec = _pod_spec(job)
+    assert spec["restartPolicy"] in {"OnFailure", "Never"}
+    if "podFailurePolicy" in job["spec"]:
+        assert spec["restartPolicy"] == "Never", "podFailurePolicy needs restartPolicy Never"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+    (container,) = spec["containers"]
+    assert container["image"] == _load_compose()["services"]["training-worker"]["image"] == TRAINING_IMAGE
+    sources = {next(iter(ref)): next(iter(ref.values()))["name"] for ref in container["envFrom"]}
+    assert sources == {"configMapRef": "p2p-config", "secretRef": "p2p-app"}
+    gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert int(container["resources"]["requests"]["nvidia.com/gpu"]) == int(gpus) >= 1
+
+    argv = _container_argv(container)
+    assert argv[0] == "torchrun" and "--standalone" in argv
+    assert int(_flag_value(argv, "--nproc_per_node")) == int(gpus), "one rank per GPU"
+    module = argv.index("-m")
+    assert argv[module + 1] == "p2p.training"
+    assert all(arg.startswith("--") for arg in argv[1:module]), "torchrun options come before -m"
+    trainer_argv = argv[module + 2 :]
+    assert _flag_value(trainer_argv, "--device") == "cuda"
+
+    # The trainer's own parser accepts the arguments (env references substituted).
+    env = {item["name"]: item["valueFrom"]["configMapKeyRef"] for item in container["env"]}
+    config_map = _find_gpu("ConfigMap", GPU_TRAIN_CONFIG)
+    values = {}
+    for name, ref in env.items():
+        assert ref["name"] == GPU_TRAIN_CONFIG
+        values[name] = config_map["data"][ref["key"]]
+        assert not name.startswith("P2P_"), "the app rejects unknown P2P_ variables"
+    resolved = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], arg) for arg in trainer_argv]
+    assert not any("$(" in arg for arg in resolved), resolved
+    from p2p.training.__main__ import _parser
+
+    parsed = _parser().parse_args(resolved)
+    assert parsed.data and parsed.out and parsed.data != parsed.out
+
+    # --config names train.json of the ConfigMap, mounted from a configMap volume.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    config_dir, _, filename = str(parsed.config).rpartition("/")
+    volume = volumes[mounts[config_dir]]["configMap"]
+    assert volume["name"] == GPU_TRAIN_CONFIG
+    # Only train.json is mounted (the prefixes in the same ConfigMap are not files).
+    assert {item["path"]: item["key"] for item in volume["items"]} == {filename: "train.json"}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory", "DDP needs shared memory"
+
+
+def test_k8s_gpu_training_job_torchrun_arguments_parse() -> None:
+    """torchrun itself accepts the options and hands the module its arguments."""
+    run = pytest.importorskip("torch.distributed.run")
+    (container,) = _pod_spec(_find_gpu("Job", GPU_TRAIN_JOB))["containers"]
+    argv = _container_argv(container)
+    args = run.get_args_parser().parse_args(argv[1:])
+    assert args.standalone and args.module and args.training_script == "p2p.training"
+    assert str(args.nproc_per_node) == str(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert args.training_script_args == argv[argv.index("p2p.training") + 1 :]
+
+
+def test_k8s_gpu_training_config_is_a_valid_train_config() -> None:
+    from p2p.training.config import TrainConfigError, load_config
+
+    data = _find_gpu("ConfigMap", GPU_TRAIN_CONFIG)["data"]
+    raw = json.loads(data["train.json"])
+    config = load_config(raw)
+    assert config.device == "cuda" and config.precision == "bf16"
+    assert config.model.architecture == "ViT-B-32"
+    # load_config is strict, so the check above would catch a misspelt key.
+    with pytest.raises(TrainConfigError, match="unknown"):
+        load_config({**raw, "batch_size": 1})
 
 
 # --------------------------------------------------------------------------- (d) Dockerfiles

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -48,6 +49,15 @@ def _register_models() -> None:
 _register_models()
 
 
+def _register_train() -> None:
+    from p2p.cli.train_cmd import train_app
+
+    app.add_typer(train_app, name="train")
+
+
+_register_train()
+
+
 def _register_eval_retrieval() -> None:
     from p2p.cli.eval_retrieval_cmd import eval_retrieval
 
@@ -58,6 +68,10 @@ _register_eval_retrieval()
 
 console = Console(stderr=True)
 out = Console()
+
+DEMO_SYNTHETIC_FIGURES = 300
+DEMO_TRAIN_STEPS = 120
+DEMO_RUN_NAME = "demo"
 
 
 def _settings() -> Settings:
@@ -496,8 +510,15 @@ def _print_mining_table(report: dict[str, object]) -> None:
 def demo(
     serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve the API after ingesting.")] = True,
     port: Annotated[int | None, typer.Option()] = None,
+    synthetic: Annotated[
+        int, typer.Option(min=0, help="Synthetic compound figures added to the corpus to train on.")
+    ] = DEMO_SYNTHETIC_FIGURES,
+    train_steps: Annotated[
+        int, typer.Option(min=0, help="Steps of the demo training run (0: no training).")
+    ] = DEMO_TRAIN_STEPS,
 ) -> None:
-    """Make sample figures, ingest and mine them on the configured profile, then serve the API."""
+    """Make sample figures, ingest and mine them, train the small model on them and activate it,
+    then serve the APIs and the search viewer."""
     from p2p.ingest.samples import write_manifest_folder, write_pmc_package
 
     settings = _settings()
@@ -509,12 +530,15 @@ def demo(
     )
     out.print(f"made 8 sample figures with a manifest at {manifest} and a PMC package at {package}")
     ingest([manifest.parent, package], caption=None)
+    if synthetic:
+        ingest([_synthetic_corpus(samples / "synthetic", synthetic)], caption=None)
     status()
     out.print(
         "each figure was mined on the CPU backend: GET /v1/figures/{id} shows its panels (boxes, labels, "
         "subcaptions, types) and marker regions; `p2p eval mining --dir DIR` scores the miner."
     )
-    _demo_embedding(settings)
+    trained = _demo_training(settings, train_steps) if train_steps else None
+    _demo_embedding(settings, trained)
     if serve:
         p = port if port is not None else settings.server.port
         out.print(
@@ -525,8 +549,72 @@ def demo(
         serve_ingest(host=None, port=p)
 
 
-def _demo_embedding(settings: Settings) -> None:
-    """Register the default embedding model once, index the corpus with it, show one search."""
+def _synthetic_corpus(folder: Path, count: int) -> Path:
+    """``count`` synthetic compound figures (deterministic) with a manifest of their captions."""
+    import json
+
+    from p2p.mining.synth.dataset import write_dataset
+
+    manifest = folder / "manifest.jsonl"
+    if manifest.is_file() and sum(1 for _ in manifest.open()) == count:
+        return folder
+    with console.status(f"drawing {count} synthetic compound figures..."):
+        paths = write_dataset(folder, count, seed=2026, size=(800, 640))
+    lines = []
+    for path in paths:
+        truth = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        lines.append(json.dumps({"image": path.name, "caption": truth["caption"]}))
+    manifest.write_text("\n".join(lines) + "\n")
+    out.print(f"drew {count} synthetic compound figures with captions in {folder}")
+    return folder
+
+
+def _demo_training(settings: Settings, steps: int) -> uuid.UUID | None:
+    """Train the small preset on the corpus (once) and activate it; its model version, or None."""
+    from p2p.cli.train_cmd import follow
+    from p2p.shared.db.models import TrainingRun, TrainingRunStatus
+    from p2p.shared.errors import P2PError
+    from p2p.training import runs
+    from p2p.training.schemas import TrainingRunCreate
+
+    runtime = _runtime(settings)
+    try:
+        with runtime.session() as session:
+            done = session.scalar(
+                select(TrainingRun)
+                .where(TrainingRun.name == DEMO_RUN_NAME, TrainingRun.status == TrainingRunStatus.COMPLETED)
+                .order_by(TrainingRun.created_at.desc())
+            )
+            if done is not None and done.model_version_id is not None:
+                out.print(f"the demo model was trained before (run {done.id}); skipping training")
+                return done.model_version_id
+            body = TrainingRunCreate.model_validate(
+                {
+                    "name": DEMO_RUN_NAME,
+                    "preset": "small",
+                    "config": {"max_steps": steps},
+                    "options": {"checkpoint_every": max(steps // 4, 1), "activate": False},
+                }
+            )
+            try:
+                run = runs.create_run(session, runtime.dispatcher, runtime.store, body=body)
+            except P2PError as exc:
+                out.print(f"[yellow]no demo training: {exc.message}[/yellow]")
+                return None
+            run_id = run.id
+        out.print(f"training the small hierarchical CLIP model for {steps} steps (run {run_id})")
+        if follow(runtime, run_id) != "completed":
+            return None
+        with runtime.session() as session:
+            finished = session.get(TrainingRun, run_id)
+            return finished.model_version_id if finished is not None else None
+    finally:
+        runtime.close()
+
+
+def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
+    """Index the corpus with ``version_id`` (the demo's trained model; else the default model,
+    registered once), then show one search."""
     from p2p.embedding_api import vectors
     from p2p.embedding_api.indexing import activate, get_space, register, spec_of
     from p2p.embedding_api.modeling import DEFAULT_MODEL_NAME, default_spec, load_model
@@ -537,11 +625,13 @@ def _demo_embedding(settings: Settings) -> None:
     try:
         space = settings.embedding.space
         with runtime.session() as session:
-            version = session.scalar(
-                select(ModelVersion)
-                .where(ModelVersion.name == DEFAULT_MODEL_NAME)
-                .order_by(ModelVersion.created_at.desc())
-            )
+            version = session.get(ModelVersion, version_id) if version_id is not None else None
+            if version is None:
+                version = session.scalar(
+                    select(ModelVersion)
+                    .where(ModelVersion.name == DEFAULT_MODEL_NAME, ModelVersion.training_run_id.is_(None))
+                    .order_by(ModelVersion.created_at.desc())
+                )
             if version is None:
                 version = register(session, default_spec(), "1", store=runtime.store)
                 out.print(f"registered the default embedding model {version.name} {version.version}")
@@ -550,8 +640,9 @@ def _demo_embedding(settings: Settings) -> None:
                 activate(session, runtime.dispatcher, version_id=version.id, space=space)
             version_id = version.id
             spec = spec_of(version)
+            trained = version.training_run_id is not None
         if isinstance(runtime.dispatcher, InProcessDispatcher):
-            runtime.dispatcher.wait_idle(600)
+            runtime.dispatcher.wait_idle(900)
         with runtime.session() as session:
             ready = session.get(ModelVersion, version_id)
             assert ready is not None
@@ -559,9 +650,10 @@ def _demo_embedding(settings: Settings) -> None:
         if state is not ModelStatus.READY:
             out.print(f"embedding index not ready ({state}): `p2p models list` shows its progress")
             return
+        what = "trained by the demo run" if trained else "its vision tower is untrained until a training run"
         out.print(
-            f"embedded {progress.get('done')} figures, panels and regions with {spec.name} "
-            f"({progress.get('items_per_s')} items/s); its vision tower is untrained until a training run"
+            f"embedded {progress.get('done')} figures, panels and regions with {spec.name} {ready.version} "
+            f"({progress.get('items_per_s')} items/s); {what}"
         )
         model = load_model(spec, store=runtime.store, threads=settings.embedding.torch_threads)
         query = "fluorescence micrograph of cells"
