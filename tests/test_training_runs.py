@@ -233,6 +233,29 @@ def test_non_finite_loss_fails_the_run_with_its_reason(trainer_runtime: Runtime)
 
 
 @pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_fine_tuning_starts_from_a_stored_checkpoint_and_refuses_another_architecture(
+    idle_runtime: Runtime,
+) -> None:
+    """A run can start from a registered model's weights in the store (``model.source`` s3:KEY); a
+    checkpoint that does not fit the run's architecture fails the run with the loader's reason."""
+    runtime = idle_runtime
+    first = create(runtime, body(options={"register_model": False}))
+    assert execute_run(runtime, first) is TrainingRunStatus.COMPLETED
+    weights = wait_for(runtime, first, lambda r: True).final_model
+    model = {"name": "tiny", "config": TINY_TRAINING["model"]["config"], "source": f"s3:{weights}"}
+    again = create(runtime, body(config={"model": model}, options={"register_model": False}))
+    assert execute_run(runtime, again) is TrainingRunStatus.COMPLETED
+    wider = {**model, "config": {**model["config"], "embed_dim": 48}}
+    mismatch = create(runtime, body(config={"model": wider}))
+    assert execute_run(runtime, mismatch) is TrainingRunStatus.FAILED
+    failed = wait_for(runtime, mismatch, lambda r: True)
+    assert (
+        failed.error is not None and weights in failed.error and "last good checkpoint: none" in failed.error
+    )
+    assert failed.progress.get("step") is None
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
 def test_a_split_without_regions_fails_before_training(idle_runtime: Runtime) -> None:
     runtime = idle_runtime
     write_snapshot(runtime.store, "snap/no-regions", 8, regions=False)  # type: ignore[arg-type]

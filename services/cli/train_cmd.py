@@ -277,7 +277,8 @@ def list_cmd(limit: Annotated[int, typer.Option(min=1, max=500)] = 20) -> None:
         with runtime.session() as session:
             found = runs.list_runs(session, limit=limit)
             table = Table(title="training runs")
-            for column in ("id", "name", "status", "step", "created", "model version"):
+            table.add_column("id", no_wrap=True, min_width=36)
+            for column in ("name", "status", "step", "created", "model version"):
                 table.add_column(column)
             for run in found:
                 progress = run.progress or {}

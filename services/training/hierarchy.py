@@ -29,6 +29,7 @@ from torch import nn
 from torchvision.ops import roi_align
 
 from p2p.embedding_api.modeling import ModelSpec, load_model
+from p2p.shared.storage import ObjectStore
 from p2p.training import losses as L
 from p2p.training.batch import HierBatch
 from p2p.training.config import TrainConfig
@@ -295,12 +296,15 @@ class HierarchicalCLIP(nn.Module):
         return total, floats
 
 
-def build_model(cfg: TrainConfig, spec: ModelSpec | None = None) -> HierarchicalCLIP:
-    """Load the open_clip model of ``spec`` (default: the config's), wrap it and apply the freezing."""
+def build_model(
+    cfg: TrainConfig, spec: ModelSpec | None = None, *, store: ObjectStore | None = None
+) -> HierarchicalCLIP:
+    """Load the open_clip model of ``spec`` (default: the config's; ``s3:`` weights from ``store``),
+    wrap it and apply the freezing."""
     from p2p.training.optim import apply_freezing
 
     torch.manual_seed(cfg.seed)
-    embedding = load_model(spec or cfg.model.to_spec())
+    embedding = load_model(spec or cfg.model.to_spec(), store=store)
     model = HierarchicalCLIP(
         embedding.model,
         embedding.tokenizer,

@@ -1,7 +1,10 @@
 """Named starting points for a training config; a run's own keys are merged over its preset.
 
-``paper`` is the paper's recipe (pretrained ViT fine-tuned with small learning rates, 1,000 warmup
-steps, large batches: a GPU node). ``small`` is the CPU configuration of this repository: the
+``paper`` is the paper's recipe: a pretrained ViT-L/14 fine-tuned with small learning rates, 1,000
+warmup steps, the last 5 vision blocks trainable, bf16 on a GPU node. The paper starts from
+BIOMEDICA's BMC-CLIP weights; the preset names open_clip's ``openai`` tag, which needs a network
+(point ``model.source`` at an ``s3:`` or ``hf-hub:`` checkpoint instead). ``small`` is the CPU
+configuration of this repository: the
 default model (frozen MiniLM text tower, small ViT trained from scratch, so larger learning rates),
 batches that fit two cores, a short warmup and a step budget that trains on the demo corpus in a
 few minutes.
@@ -16,7 +19,12 @@ from typing import Any
 from p2p.training.config import TrainConfig, TrainConfigError, load_config
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {},
+    "paper": {
+        "model": {"name": "vit-l-14", "architecture": "ViT-L-14", "source": "pretrained:openai"},
+        "precision": "bf16",
+        "device": "cuda",
+        "epochs": 10,
+    },
     "small": {
         "batch_sizes": {"figure": 8, "panel": 32, "region": 32},
         "epochs": 100,

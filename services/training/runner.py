@@ -344,7 +344,7 @@ def run_training(
         ckpt.check_compatible(state, config, snapshot)
 
     seed_everything(config.seed)
-    model = build_model(config)
+    model = build_model(config, store=store)
     optimizer = build_optimizer(model, config)
     horizon = config.max_steps or config.epochs * _steps_per_epoch(counts, config, world_size)
     scheduler = build_scheduler(optimizer, config, horizon)
