@@ -310,3 +310,27 @@ def test_cost_of_hierarchical_vs_plain_clip_step(batch: HierBatch, capsys: pytes
 def test_model_requires_a_vit():
     with pytest.raises(TypeError, match="VisionTransformer"):
         HierarchicalCLIP(torch.nn.Linear(2, 2), tokenizer=None)
+
+
+def test_a_frozen_text_tower_encodes_each_text_once_and_a_trainable_one_every_time() -> None:
+    model = build_model(tiny_cfg())  # freeze_text defaults to True
+    calls = {"n": 0}
+
+    def count(*_: Any) -> None:
+        calls["n"] += 1
+
+    model.clip.token_embedding.register_forward_hook(count)  # type: ignore[union-attr]
+    texts = ["a red box", "a blue box", "a red box"]
+    first = model.encode_texts(texts)
+    assert calls["n"] == 2  # one encode per distinct text
+    alone = model.clip.encode_text(model.tokenizer(["a blue box"]))  # type: ignore[operator]
+    assert torch.equal(first[1], alone[0]) and torch.equal(first[0], first[2])
+    again = model.encode_texts(["a blue box", "a red box"])
+    assert calls["n"] == 3 and torch.equal(again[0], first[1])  # the 3rd was the direct encode above
+    assert not first.requires_grad
+    trainable = build_model(tiny_cfg(freeze_text=False))
+    trainable.clip.token_embedding.register_forward_hook(count)  # type: ignore[union-attr]
+    calls["n"] = 0
+    out = trainable.encode_texts(texts)
+    trainable.encode_texts(texts)
+    assert calls["n"] == 2 and out.requires_grad  # one batched encode per call, with gradients

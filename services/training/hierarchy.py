@@ -20,15 +20,15 @@ and a cross-granularity KL asks children to score the parent-level texts like th
 
 from __future__ import annotations
 
-import contextlib
 import math
+from collections import OrderedDict
 from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 from torchvision.ops import roi_align
 
-from p2p.embedding_api.modeling import ModelSpec, load_model
+from p2p.embedding_api.modeling import ModelSpec, load_model, trim_padding
 from p2p.shared.storage import ObjectStore
 from p2p.training import losses as L
 from p2p.training.batch import HierBatch
@@ -39,6 +39,7 @@ STEP_LEVELS: tuple[str, ...] = ("figure", "panel", "region", "mixed", "flat")
 SCALE_NAMES = ("figure", "region", "fine", "figure_panel", "panel_region")  # "panel": clip.logit_scale
 CHILD = {"figure": "panel", "panel": "region"}
 INTER_SCALE = {"figure": "figure_panel", "panel": "panel_region"}
+TEXT_CACHE_MAX = 50_000  # frozen-tower text embeddings kept (384 floats each for MiniLM: ~75 MB)
 
 
 def boxes_to_grid(
@@ -129,6 +130,7 @@ class HierarchicalCLIP(nn.Module):
         )
         self.max_log_scale = math.log(max_logit_scale)
         self.text_frozen = False
+        self._text_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.generator = torch.Generator().manual_seed(seed)
 
     # ---------------------------------------------------------------------------------- towers
@@ -166,10 +168,24 @@ class HierarchicalCLIP(nn.Module):
 
     def encode_texts(self, texts: list[str]) -> torch.Tensor:
         device = self.logit_scales["figure"].device
-        tokens = self.tokenizer(texts).to(device)
+        clip = cast(Any, self.clip)
         frozen = not any(p.requires_grad for m in self.text_modules() for p in m.parameters())
-        with torch.no_grad() if frozen else contextlib.nullcontext():
-            return cast(torch.Tensor, cast(Any, self.clip).encode_text(tokens))
+        if not frozen:
+            return cast(torch.Tensor, clip.encode_text(trim_padding(clip, self.tokenizer(texts).to(device))))
+        # A frozen tower gives every text the same embedding in every epoch: each text is encoded
+        # once, on its own (so its value does not depend on which batch it came in, and a resumed
+        # run computes the same numbers), and reused from then on. Most of a CPU step was spent
+        # re-encoding the same captions padded to the full context.
+        with torch.no_grad():
+            for text in dict.fromkeys(texts):
+                if text in self._text_cache:
+                    self._text_cache.move_to_end(text)
+                    continue
+                tokens = trim_padding(clip, self.tokenizer([text]).to(device))
+                self._text_cache[text] = clip.encode_text(tokens)[0]
+                if len(self._text_cache) > TEXT_CACHE_MAX:
+                    self._text_cache.popitem(last=False)
+            return torch.stack([self._text_cache[t] for t in texts])
 
     # ------------------------------------------------------------------------------- embeddings
 
