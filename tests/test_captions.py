@@ -237,7 +237,7 @@ def test_group_with_post_positioned_members() -> None:
         "Workflow. (A-C) Tissue was stained. The analysis depended on the pattern: epithelial area (A), "
         "nuclei (B), or stroma (C). (D) Summary."
     )
-    prostate = to_prostate_convention(split_caption(caption))
+    prostate = to_prostate_convention(split_caption(caption, divide_members=True))
     assert prostate["A"] == (
         "Workflow. Tissue was stained. The analysis depended on the pattern: epithelial area"
     )
@@ -651,3 +651,45 @@ def test_a_bare_label_before_a_letter_digit_word_is_still_a_label() -> None:
     split = split_caption(caption, ["a", "b", "c"])
     assert split.subcaptions["b"].startswith("b, T2-weighted MR image.")
     assert split.subcaptions["c"].startswith("c, Correlation.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Verbatim convention of the real figures: group fragments whole, trailing notes by reference
+# ---------------------------------------------------------------------------------------------
+
+
+def test_group_fragment_with_member_list_stays_whole() -> None:
+    caption = (
+        "(a) Western blot. (b, c) Box plots of tumour volume (b) and quantification of viability (c). "
+        "(d) Summary."
+    )
+    whole = "(b, c) Box plots of tumour volume (b) and quantification of viability (c)."
+    verbatim = split_caption(caption, ["a", "b", "c", "d"])
+    assert verbatim.subcaptions["b"] == whole
+    assert verbatim.subcaptions["c"] == whole
+    divided = to_prostate_convention(split_caption(caption, ["a", "b", "c", "d"], divide_members=True))
+    assert divided["b"] == "Box plots of tumour volume"
+    assert divided["c"] == "and quantification of viability"
+
+
+def test_trailing_notes_go_to_the_panels_they_name() -> None:
+    caption = (
+        "(A) Heat map. Arrows mark the band. (B) Quantification of volume. (C, D) CT images. "
+        "Arrows in C point to the lesion. Data in B are mean ± s.d."
+    )
+    split = split_caption(caption, ["A", "B", "C", "D"])
+    group = "(C, D) CT images. Arrows in C point to the lesion."
+    assert split.subcaptions["C"] == group
+    assert split.subcaptions["D"] == group
+    assert split.subcaptions["B"] == "(B) Quantification of volume. Data in B are mean ± s.d."
+    assert split.subcaptions["A"] == "(A) Heat map. Arrows mark the band."
+
+
+def test_unnamed_marker_note_after_last_panel_is_its_own_when_panels_have_notes() -> None:
+    caption = (
+        "(a) IHC of CD31. Asterisks mark tumour cells. (b) Plot of volume. (c) Western blot. "
+        "Arrow indicates the band."
+    )
+    split = split_caption(caption, ["a", "b", "c"])
+    assert split.subcaptions["b"] == "(b) Plot of volume."
+    assert split.subcaptions["c"] == "(c) Western blot. Arrow indicates the band."

@@ -878,7 +878,7 @@ _SHARED_START_RE = re.compile(
     r"original\s+magnifications\b|arrows\b|arrowheads|arrow\s*heads|asterisks|stars\b|insets\b|"
     r"boxes\b|boxed|circles\b|dotted|dashed|"
     r"all\b|in\s+all|for\s+all|each\b|these\b|both\b|throughout|abbreviations|error\s+bars|"
-    r"data\s+(?:are|is|were|represent)|values\s+(?:are|represent)|results\s+(?:are|represent)|"
+    r"data\s+(?:are|is|were|represent|in\b)|values\s+(?:are|represent)|results\s+(?:are|represent)|"
     r"immunohistochemistry\s+with|hematoxylin|haematoxylin|h\s*&\s*e\b|h\s*and\s*e\b|"
     r"arrow\s+(?:indicates|shows|points)|scale\s*=|scale\s*bars?\s+(?:in|for)\s+all)",
     re.IGNORECASE,
@@ -889,6 +889,12 @@ _SHARED_ANY_RE = re.compile(
     re.IGNORECASE,
 )
 _SINGLE_REF_BEFORE_RE = re.compile(r"\b(?:in|of|from|on|panels?|see|and|between|to)\s{1,3}$", re.IGNORECASE)
+# "Arrows in K point to ...", "Data in b are ...": a lone label between "in" and a verb is a
+# reference (a verb cannot follow the article "a", so "in a point to" names panel a).
+_REF_VERB_AFTER_RE = re.compile(
+    r"\s{1,2}(?:are|is|were|was|show|shows|indicate|indicates|mark|marks|point|points|denote|denotes|"
+    r"outline|outlines|highlight|highlights|represent|represents|depict|depicts)\b"
+)
 
 
 @dataclass
@@ -927,8 +933,8 @@ def _named_labels(
         if len(_TOKEN_RE.findall(expr)) >= 2:
             add(expr)
         elif _SINGLE_REF_BEFORE_RE.search(chunk[max(0, m.start() - 12) : m.start()]):
-            after = chunk[m.end() : m.end() + 6]
-            if _REF_AFTER_RE.match(after):
+            after = chunk[m.end() : m.end() + 14]
+            if _REF_AFTER_RE.match(after) or _REF_VERB_AFTER_RE.match(after):
                 add(expr)
     return names
 
@@ -954,6 +960,7 @@ def _distribute(
     roman: bool,
     upper: bool | None,
     cands: list[_Candidate],
+    divide_members: bool = False,
 ) -> tuple[str, list[_Segment]]:
     """Preamble and the segments of text with the labels they go to."""
     n = len(text)
@@ -1065,6 +1072,13 @@ def _distribute(
         return _sentence_kind(text[lo : min(hi, lo + 60)]) not in repeated
 
     single = last > 0 and all(not frag_sentences[i] for i in range(last))
+    # The caption notes markers panel by panel ("(a) ... Arrows mark X. (b) ..."), so an unnamed
+    # marker note after the last panel's description belongs to that panel.
+    marker_style = any(
+        _MARKER_NOTE_RE.match(text[lo : min(hi, lo + 80)].strip())
+        for i in range(last)
+        for lo, hi in frag_sentences[i]
+    )
     trailing_from: int | None = None
     if single and not frag_sentences[last] and not post:
         # "A) lung, B) breast, ..., F) colon cancer; 10* magnification.": a closing clause for all.
@@ -1078,8 +1092,15 @@ def _distribute(
         if single and not _is_own_sentence(text[first_lo : min(first_hi, first_lo + 200)].strip()):
             trailing_from = 0
         else:
+            own_last = label_sets[last]
             for k, (lo, hi) in enumerate(frag_sentences[last]):
-                if _is_shared_sentence(text[lo : min(hi, lo + 500)].strip()) and shared_kind(lo, hi):
+                sentence = text[lo : min(hi, lo + 500)].strip()
+                names = _named_labels(text, lo, hi, known, roman, upper)
+                if len(own_last) >= 2 and names and names <= own_last:
+                    continue  # "(K, L) ... Arrows in K ...": the group's own text, for K and L
+                if _is_shared_sentence(sentence) and shared_kind(lo, hi):
+                    if not names and marker_style and _MARKER_NOTE_RE.match(sentence):
+                        continue  # per-panel marker notes: this one is the last panel's own
                     trailing_from = k
                     break
     for i in range(len(splits)):
@@ -1107,7 +1128,7 @@ def _distribute(
                     _Segment(run_start if run_start is not None else lo, hi, frozenset(names - own))
                 )
             run_start = None
-    if not post:
+    if not post and divide_members:
         later: set[str] = set()
         for i in range(len(splits) - 1, -1, -1):
             if len(label_sets[i]) >= 2 and not label_sets[i] & later:
@@ -1255,6 +1276,12 @@ def _skip_separators(text: str, pos: int) -> int:
     return pos
 
 
+# A sentence about glyphs drawn on the image: "Red arrows indicate ...", "Dashed boxes outline ...".
+_MARKER_NOTE_RE = re.compile(
+    r"^(?:the\s+)?(?:(?:white|black|red|green|blue|yellow|cyan|magenta|orange|open|filled|solid|dashed|dotted)"
+    r"\s+)?(?:arrows?|arrowheads?|asterisks?|stars?|boxes|box|boxed\s+areas?|circles?|insets?)\b",
+    re.IGNORECASE,
+)
 _FOOTNOTE_RE = re.compile(r"^(?:[*#\u2020\u2021]|\(\*+\)|scale\s*[,:=])", re.IGNORECASE)
 
 
@@ -1322,8 +1349,15 @@ def _marker_fragments(
     return out
 
 
-def split_caption(caption: str, labels: list[str] | None = None) -> CaptionSplit:
+def split_caption(
+    caption: str, labels: list[str] | None = None, *, divide_members: bool = False
+) -> CaptionSplit:
     """Split a figure caption into per-panel subcaptions (verbatim convention, see module doc).
+
+    ``divide_members``: a group fragment whose sentence ends in a list of its members ("(C, D)
+    Tumour volume (C) and viability (D).") gives each member only its clause. The prostate set
+    divides such fragments; the verbatim convention of the real figures gives the whole fragment
+    to every member, so the miner leaves it whole (the default).
 
     ``labels``: the panel labels found in the image, when known. They settle ambiguous tokens
     (a bare "a" that is no known label is text; "i" is a roman numeral when the labels are) and
@@ -1394,7 +1428,7 @@ def split_caption(caption: str, labels: list[str] | None = None) -> CaptionSplit
         if known[key] not in all_labels:
             all_labels.append(known[key])
 
-    preamble, segments = _distribute(text, splits, all_labels, known, roman, upper, cands)
+    preamble, segments = _distribute(text, splits, all_labels, known, roman, upper, cands, divide_members)
     segments.sort(key=lambda s: (s.start, s.end))
     # label -> (position, verbatim piece, raw piece, shared?)
     pieces: dict[str, list[tuple[int, str, str, bool]]] = {lab: [] for lab in all_labels}

@@ -170,7 +170,7 @@ def paren_split_baseline_verbatim(caption: str, labels: list[str]) -> dict[str, 
 
 
 def splitter_prostate(caption: str, labels: list[str]) -> dict[str, str]:
-    return to_prostate_convention(split_caption(caption, labels=labels))
+    return to_prostate_convention(split_caption(caption, labels=labels, divide_members=True))
 
 
 def splitter_verbatim(caption: str, labels: list[str]) -> dict[str, str]:
