@@ -125,6 +125,11 @@ class CpuMiner:
         label_boxes = {d.text: d.box for d in detections}
 
         with timer.stage("captions"):
+            if any(labels) and len(candidates) > 1:
+                repaired = self._repair_labels(caption, labels)
+                if repaired != labels:
+                    notes.append("panel labels completed from the caption's label sequence")
+                    labels = repaired
             known = [label for label in labels if label]
             split: CaptionSplit = split_caption(caption, known or None)
         if not any(labels):
@@ -201,6 +206,15 @@ class CpuMiner:
             stage_seconds=timer.seconds,
             notes=notes,
         )
+
+    @staticmethod
+    def _repair_labels(caption: str, labels: list[str | None]) -> list[str | None]:
+        from p2p.mining.captions import split_caption
+        from p2p.mining.label_repair import repair_with_caption
+
+        # The caption's own labels, from a split without hints: with hints, labels_in_order
+        # follows what OCR read (misreadings appended, unread labels left out).
+        return repair_with_caption(labels, split_caption(caption).labels_in_order)
 
     def _whole_figure(
         self, width: int, height: int, caption: str, notes: list[str], timer: _Timer

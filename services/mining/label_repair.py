@@ -1,0 +1,73 @@
+"""Caption-driven label repair: the caption names the labels (A, B, C...), the image has panels in
+reading order, OCR read some of the labels. Gaps between trusted readings are filled from the
+caption's sequence when the counts agree exactly.
+
+Reading order and label order agree in most figures but not all (a column read before the next
+row), so nothing is filled across an anchor pair whose panel gap and label gap differ, and a
+reading that is not in the caption, repeats a label, or breaks the order of its neighbours is
+replaced only when the gap it sits in is filled.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+
+def _increasing_anchors(points: list[tuple[int, int]]) -> set[int]:
+    """Ranks of the longest chain of (rank, index) points increasing in both (ranks ascending)."""
+    best: list[int] = []  # best[k]: chain length ending at points[k]
+    back: list[int] = []
+    for k, (_, s) in enumerate(points):
+        length, prev = 1, -1
+        for j in range(k):
+            if points[j][1] < s and best[j] + 1 > length:
+                length, prev = best[j] + 1, j
+        best.append(length)
+        back.append(prev)
+    if not best:
+        return set()
+    k = max(range(len(best)), key=lambda i: best[i])
+    chain: set[int] = set()
+    while k >= 0:
+        chain.add(points[k][0])
+        k = back[k]
+    return chain
+
+
+def repair_with_caption(labels: Sequence[str | None], sequence: Sequence[str]) -> list[str | None]:
+    """``labels``: one per panel in reading order (None = not read); ``sequence``: the caption's
+    labels in order. Returns the labels with gaps filled where the caption settles them."""
+    out = list(labels)
+    n, m = len(out), len(sequence)
+    if n < 2 or m < 2 or len(set(sequence)) != m:
+        return out
+    where = {label: s for s, label in enumerate(sequence)}
+    seen: set[str] = set()
+    points: list[tuple[int, int]] = []
+    for r, label in enumerate(out):
+        if label is not None and label in where and label not in seen:
+            seen.add(label)
+            points.append((r, where[label]))
+    if not points:
+        return out  # nothing to align with (the pipeline assigns caption labels in reading order)
+    chain = sorted(p for p in points if p[0] in _increasing_anchors(points))
+    # Virtual anchors just outside the figure: the run before the first and after the last anchor
+    # is filled only when it holds exactly the labels the caption has left at that end.
+    bounds = [(-1, -1), *chain, (n, m)]
+    for (r1, s1), (r2, s2) in itertools.pairwise(bounds):
+        if r2 - r1 < 2 or r2 - r1 != s2 - s1:
+            continue
+        for k in range(1, r2 - r1):
+            out[r1 + k] = sequence[s1 + k]
+    # A reading outside the chain that a filled gap did not replace stays if it is unique.
+    final: list[str | None] = []
+    used: set[str] = set()
+    for label in out:
+        if label is not None and label in used:
+            final.append(None)
+            continue
+        if label is not None:
+            used.add(label)
+        final.append(label)
+    return final

@@ -1,0 +1,49 @@
+"""Caption-driven label repair: gaps between trusted readings filled from the caption's sequence."""
+
+from __future__ import annotations
+
+from p2p.mining.label_repair import repair_with_caption
+
+SEQ = list("abcdefgh")
+
+
+def test_unread_labels_between_readings_are_filled() -> None:
+    got = repair_with_caption(["a", None, "c", None, None, "f", "g", None], SEQ)
+    assert got == SEQ
+
+
+def test_misreadings_and_case_errors_are_replaced_when_the_gap_fits() -> None:
+    # "3" for g, "C" for c, and a duplicated "b" out of order
+    assert repair_with_caption(["a", "b", "C", "d", "e", "f", "3", "h"], SEQ) == SEQ
+    assert repair_with_caption(["a", "b", "c", "d", "e", "b", "g", "h"], SEQ) == SEQ
+
+
+def test_roman_numeral_misread_as_a_label_of_the_sequence() -> None:
+    roman = ["i", "ii", "iii", "iv", "v", "vi", "vii", "viii"]
+    read = ["i", None, "iii", "iv", "v", "vi", "ii", "viii"]
+    assert repair_with_caption(read, roman) == roman
+
+
+def test_nothing_is_filled_when_the_counts_disagree() -> None:
+    # Column-major reading order: the readings are right, the gaps do not fit the caption.
+    read = ["a", "c", "b", "d", None, None]
+    assert repair_with_caption(read, list("abcde")) == read
+    # one panel more than the caption names before "c": which one is unlabelled is unknown
+    assert repair_with_caption([None, None, None, "c", "d"], list("abcd")) == [None, None, None, "c", "d"]
+
+
+def test_trusted_readings_outside_the_order_are_kept() -> None:
+    read = ["a", "e", "h", "b", "c", "d", "f", "g", "i", None, "k"]
+    assert repair_with_caption(read, list("abcdefghijk")) == [*read[:9], "j", "k"]
+
+
+def test_no_sequence_or_no_readings_changes_nothing() -> None:
+    assert repair_with_caption(["a", None], []) == ["a", None]
+    assert repair_with_caption([None, None], ["a", "b"]) == [None, None]
+
+
+def test_miner_takes_the_sequence_from_the_caption_not_from_the_readings() -> None:
+    from p2p.mining.pipeline import CpuMiner
+
+    caption = "(a) Blot. (b) Plot. (c) CT image. (d) MRI scan."
+    assert CpuMiner._repair_labels(caption, ["a", None, "3", "d"]) == ["a", "b", "c", "d"]
