@@ -323,3 +323,19 @@ def test_entry_point(store: LocalObjectStore, tmp_path: Path) -> None:
         signal.signal(signal.SIGTERM, handlers[1])
     assert json.loads(store.get_bytes("runs/cli/latest.json"))["step"] == 2
     assert store.exists("runs/cli/final-model.pt")
+
+
+def test_a_save_clears_what_a_killed_save_of_the_same_run_left_in_staging(
+    store: LocalObjectStore, full_run: tuple[RunResult, list[dict[str, Any]]]
+) -> None:
+    state = ckpt.load_latest(store, "runs/full")
+    assert state is not None
+    folder = ckpt.staging_dir("runs/staged")
+    folder.mkdir(parents=True, exist_ok=True)
+    stale = folder / ".step-00000004.pt.abc123.tmp"  # what a SIGKILL during torch.save leaves
+    stale.write_bytes(b"half a checkpoint")
+    other_run = ckpt.staging_dir("runs/other")
+    assert other_run != folder
+    key = ckpt.save_checkpoint(store, "runs/staged", state, keep=2)
+    assert key == "runs/staged/step-00000006.pt" and store.exists(key)
+    assert list(folder.iterdir()) == []  # the stale file and the save's own staging file are gone

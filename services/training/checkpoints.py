@@ -7,11 +7,12 @@ Layout under ``prefix``::
     latest.json        {"key": ".../step-00000120.pt", "step": 120, "sha256": ..., "size": ...}
     final-model.pt     the CLIP weights alone, as an embedding-API checkpoint (``modeling.save_checkpoint``)
 
-Saving writes the checkpoint to a local temp file, uploads it (the store checks the size and sha256
-of what it received), verifies the stored object, and only then writes ``latest.json``: the pointer
-is the commit. A crash before the pointer leaves an unreferenced step file that is never read and is
-removed by the next save; the previous checkpoint stays the latest. The last ``keep`` committed
-checkpoints are kept.
+Saving writes the checkpoint to a local staging file (one folder per run, cleared by the next save
+of the same run, so a kill during a save leaks nothing for long), uploads it (the store checks the
+size and sha256 of what it received), verifies the stored object, and only then writes
+``latest.json``: the pointer is the commit. A crash before the pointer leaves an unreferenced step
+file that is never read and is removed by the next save; the previous checkpoint stays the latest.
+The last ``keep`` committed checkpoints are kept.
 """
 
 from __future__ import annotations
@@ -123,8 +124,22 @@ def _put_json(store: ObjectStore, key: str, doc: dict[str, Any]) -> None:
     put_bytes(store, key, json.dumps(doc, indent=2, sort_keys=True).encode(), "application/json")
 
 
-def _temp_path(tmp_dir: str | os.PathLike[str] | None, name: str) -> Path:
-    fd, name_ = tempfile.mkstemp(dir=tmp_dir, prefix=f".{name}.", suffix=".tmp")
+def staging_dir(prefix: str) -> Path:
+    """The local folder where checkpoints of the run at ``prefix`` are written before upload.
+
+    One folder per run prefix (a run owns its prefix: the service holds a lock on it), so a save
+    can remove what a killed save of the same run left behind instead of leaking it in /tmp.
+    """
+    digest = hashlib.sha256(_prefix(prefix).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "p2p-checkpoint-staging" / digest
+
+
+def _fresh_staging_path(prefix: str, name: str) -> Path:
+    folder = staging_dir(prefix)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".step-*.tmp"):
+        stale.unlink(missing_ok=True)
+    fd, name_ = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
     os.close(fd)
     return Path(name_)
 
@@ -146,7 +161,7 @@ def save_checkpoint(store: ObjectStore, prefix: str, state: TrainState, *, keep:
         "config": state.config,
         "snapshot": state.snapshot,
     }
-    path = _temp_path(None, f"step-{state.step:08d}.pt")
+    path = _fresh_staging_path(prefix, f"step-{state.step:08d}.pt")
     try:
         with path.open("wb") as fh:
             torch.save(payload, fh)
@@ -300,5 +315,6 @@ __all__ = [
     "restore_rng",
     "rng_state",
     "save_checkpoint",
+    "staging_dir",
     "step_key",
 ]

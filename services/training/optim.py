@@ -46,7 +46,8 @@ def apply_freezing(model: HierarchicalCLIP, cfg: TrainConfig) -> None:
         param.requires_grad = n < 0
     if n >= 0:
         blocks = list(visual.transformer.resblocks)
-        trainable: list[Any] = blocks[len(blocks) - n :] if n else []
+        # n larger than the tower means all of it; a plain negative slice start would keep only the tail.
+        trainable: list[Any] = blocks[max(0, len(blocks) - n) :] if n else []
         trainable += [visual.ln_post, visual.proj]
         for item in trainable:
             params = [item] if isinstance(item, torch.nn.Parameter) else list(item.parameters())
