@@ -364,10 +364,19 @@ def register_and_reindex(runtime: Any, spec: Any, version: str) -> tuple[uuid.UU
 
 
 def level_counts(runtime: Any) -> dict[str, int]:
-    from p2p.embedding_api.indexing import _count
+    """Items a re-index embeds: mined figures, panels and regions with a crop."""
+    from sqlalchemy import func, select
+
+    from p2p.shared.db.models import Figure, FigureStatus, Panel, Region
 
     with runtime.session() as session:
-        return _count(session)
+        return {
+            "figure": int(
+                session.scalar(select(func.count()).where(Figure.status == FigureStatus.MINED)) or 0
+            ),
+            "panel": int(session.scalar(select(func.count()).where(Panel.crop_key.is_not(None))) or 0),
+            "region": int(session.scalar(select(func.count()).where(Region.crop_key.is_not(None))) or 0),
+        }
 
 
 def reindex_numbers(progress: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:

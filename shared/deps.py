@@ -1,14 +1,18 @@
 """FastAPI dependencies every service API shares: runtime, settings, session, API-key scopes.
 
 The runtime lives on ``app.state`` (set by each app's lifespan), never in a module global.
+Dependencies that only read attributes are ``async def``: FastAPI runs a plain ``def`` dependency
+on its thread pool, a thread hop per dependency per request. The key check opens a database session
+only when keys are required.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from p2p.shared.auth import ANONYMOUS, Principal, Scope, authenticate, require
@@ -16,7 +20,7 @@ from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
@@ -24,7 +28,7 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_app_settings(runtime: RuntimeDep) -> Settings:
+async def get_app_settings(runtime: RuntimeDep) -> Settings:
     return runtime.settings
 
 
@@ -39,13 +43,18 @@ def get_session(runtime: RuntimeDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def scope_required(scope: Scope) -> Callable[..., Principal]:
-    def dependency(
-        runtime: RuntimeDep, session: SessionDep, authorization: Annotated[str | None, Header()] = None
+def _check_key(runtime: Runtime, authorization: str | None, scope: Scope) -> Principal:
+    with runtime.session() as session:
+        return require(authenticate(session, authorization), scope)
+
+
+def scope_required(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    async def dependency(
+        runtime: RuntimeDep, authorization: Annotated[str | None, Header()] = None
     ) -> Principal:
         if not runtime.settings.auth_required:
             return ANONYMOUS
-        return require(authenticate(session, authorization), scope)
+        return await run_in_threadpool(_check_key, runtime, authorization, scope)
 
     return dependency
 

@@ -163,6 +163,50 @@ def test_without_an_active_version_embeds_work_and_search_says_no_space_is_ready
 
 
 @pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_binary_answers_carry_the_json_vectors_and_open_reads_open_no_session(
+    make_runtime: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    runtime = make_runtime()
+    with TestClient(create_app(runtime=runtime)) as client:
+        files = [("files", ("a.png", png(), "image/png")), ("files", ("b.png", png(seed=2)))]
+        as_json = client.post("/v1/embed/images", files=files)
+        assert as_json.status_code == 200 and as_json.headers["content-type"] == "application/json"
+        binary = client.post("/v1/embed/images", files=files, headers={"Accept": "application/octet-stream"})
+        assert binary.status_code == 200 and binary.headers["content-type"] == "application/octet-stream"
+        h = binary.headers
+        assert (h["x-embedding-count"], h["x-embedding-dim"], h["x-embedding-dtype"]) == (
+            "2",
+            "384",
+            "float32",
+        )
+        assert h["x-model-name"] == as_json.json()["model"]["name"] and h["x-model-version-id"] == ""
+        assert json.loads(h["x-embedding-sources"]) == ["file:a.png", "file:b.png"]
+        rows = np.frombuffer(binary.content, dtype="<f4").reshape(2, 384)
+        expected = np.array([item["embedding"] for item in as_json.json()["items"]], dtype=np.float32)
+        assert np.array_equal(rows, expected)
+        texts = client.post(
+            "/v1/embed/texts", json={"texts": ["liver"]}, headers={"Accept": "application/octet-stream"}
+        )
+        assert texts.headers["x-embedding-sources"] == '["text:0"]' and len(texts.content) == 384 * 4
+
+        # With keys not required, a read opens no database session (it used to open one per request
+        # for the key check).
+        opened: list[int] = []
+        real_session = runtime.session
+
+        def counting_session(*args: Any, **kwargs: Any) -> Any:
+            opened.append(1)
+            return real_session(*args, **kwargs)
+
+        monkeypatch.setattr(runtime, "session", counting_session)
+        assert client.post("/v1/embed/images", files=files).status_code == 200
+        assert client.post("/v1/embed/texts", json={"texts": ["liver"]}).status_code == 200
+        assert opened == []
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
 def test_upload_caps_come_from_the_settings(make_runtime: RuntimeFactory) -> None:
     runtime = make_runtime(ingest={"max_upload_bytes": 4096})
     with TestClient(create_app(runtime=runtime)) as client:

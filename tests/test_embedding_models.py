@@ -365,6 +365,62 @@ def test_microbatcher_stop_fails_waiting_callers(tiny: EmbeddingModel):
     assert any(isinstance(r, BatcherStopped) for r in results)
 
 
+def test_microbatcher_batches_what_queued_while_the_model_was_busy_without_waiting(tiny: EmbeddingModel):
+    """Requests that arrive while a batch runs go into the next batch at once: the ``wait_ms`` for
+    gathering a batch is only spent when the model was idle (here it is a minute)."""
+    import threading
+
+    release = threading.Event()
+
+    class Held(Recorder):
+        def encode_texts(self, texts: list[str]) -> np.ndarray:
+            release.wait(30)
+            return super().encode_texts(texts)
+
+    recorder = Held(tiny)
+
+    async def run() -> None:
+        async with MicroBatcher(recorder, batch_size=2, wait_ms=60_000) as batcher:
+            first = asyncio.create_task(batcher.embed_texts(["a", "b"]))  # a full batch: no wait
+            while not recorder.sizes:
+                await asyncio.sleep(0.01)
+            queued = [asyncio.create_task(batcher.embed_texts([f"q{i}"])) for i in range(3)]
+            await asyncio.sleep(0.05)
+            release.set()
+            await asyncio.wait_for(asyncio.gather(first, *queued), timeout=20)
+
+    asyncio.run(run())
+    assert recorder.sizes == [2, 2, 1]
+
+
+def test_microbatcher_prepare_runs_beside_the_event_loop(tiny: EmbeddingModel):
+    import threading
+
+    async def run() -> tuple[str, str]:
+        async with MicroBatcher(tiny) as batcher:
+            name = await batcher.prepare(lambda: threading.current_thread().name)
+            return name, threading.current_thread().name
+
+    worker, loop_thread = asyncio.run(run())
+    assert worker.startswith("p2p-prepare") and worker != loop_thread
+
+
+def test_prepared_images_embed_exactly_like_pil_images(default_model: EmbeddingModel):
+    """``prepare_image`` (PIL steps only, any thread) + the batched scaling and normalisation give
+    bit-for-bit open_clip's per-image transform, for odd sizes and modes too."""
+    from p2p.embedding_api.modeling import _to_rgb
+
+    pics = [*images(3, seed=11, size=(150, 97)), Image.new("L", (90, 60), 128), Image.new("RGBA", (50, 70))]
+    prepared = [default_model.prepare_image(im) for im in pics]
+    assert all(t.dtype == torch.uint8 for t in prepared)
+    reference = torch.stack([default_model.preprocess(_to_rgb(im)) for im in pics])
+    assert torch.equal(default_model._finish(prepared), reference)
+    from_pil = default_model.encode_images(pics)
+    assert np.array_equal(default_model.encode_images(prepared), from_pil)
+    mixed = default_model.encode_images([prepared[0], pics[1], prepared[2], pics[3], pics[4]])
+    assert np.array_equal(mixed, from_pil)
+
+
 # --- zero-shot taxonomy --------------------------------------------------------------------------
 
 

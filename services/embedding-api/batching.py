@@ -3,9 +3,15 @@
 Each kind (texts, images) has a queue and a worker task. The worker takes the first waiting
 request, then keeps collecting until it holds ``batch_size`` items or ``wait_ms`` have passed,
 runs the model on a single-thread executor (torch is never entered concurrently and the event
-loop never blocks), and hands every caller its own rows. A request larger than ``batch_size`` is
+loop never blocks), and hands every caller its own rows. The wait is only for gathering a batch
+when the model was idle: requests that queued up while the model was busy go into the next batch at
+once, so under load the model never idles for ``wait_ms``. A request larger than ``batch_size`` is
 split over several batches; its rows are reassembled in order. When the model raises, every
 caller with items in that batch receives the exception.
+
+:meth:`MicroBatcher.prepare` runs per-request work that holds no model state (decoding an upload,
+resizing it into the model's input) on a small pool of its own, so it runs beside the model
+instead of on the event loop or inside the model's batch.
 """
 
 from __future__ import annotations
@@ -13,18 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
-from PIL import Image
 
 log = logging.getLogger(__name__)
 
 KINDS = ("texts", "images")
+PREPARE_WORKERS = min(4, os.cpu_count() or 1)
+T = TypeVar("T")
 
 
 class Encoder(Protocol):
@@ -32,7 +40,7 @@ class Encoder(Protocol):
 
     def encode_texts(self, texts: list[str]) -> np.ndarray: ...
 
-    def encode_images(self, images: list[Image.Image]) -> np.ndarray: ...
+    def encode_images(self, images: list[Any]) -> np.ndarray: ...
 
 
 class BatcherStopped(RuntimeError):
@@ -105,6 +113,7 @@ class MicroBatcher:
         batch_size: int = 32,
         wait_ms: float = 5.0,
         executor: ThreadPoolExecutor | None = None,
+        prepare_workers: int = PREPARE_WORKERS,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -115,6 +124,8 @@ class MicroBatcher:
         self.wait_ms = float(wait_ms)
         self._own_executor = executor is None
         self._executor = executor
+        self.prepare_workers = max(1, int(prepare_workers))
+        self._prepare_pool: ThreadPoolExecutor | None = None
         self._lanes: dict[str, _Lane] = {}
         self._running = False
 
@@ -163,6 +174,9 @@ class MicroBatcher:
         if self._own_executor and self._executor is not None:
             self._executor.shutdown(wait=False)  # a running batch finishes on its own
             self._executor = None
+        if self._prepare_pool is not None:
+            self._prepare_pool.shutdown(wait=False)
+            self._prepare_pool = None
 
     async def __aenter__(self) -> MicroBatcher:
         self.start()
@@ -176,8 +190,19 @@ class MicroBatcher:
     async def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         return await self._submit("texts", list(texts))
 
-    async def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
+    async def embed_images(self, images: Sequence[Any]) -> np.ndarray:
+        """Embeddings of PIL images (or of whatever the model's ``encode_images`` accepts, such as
+        the tensors of ``EmbeddingModel.prepare_image``)."""
         return await self._submit("images", list(images))
+
+    async def prepare(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """``fn(*args)`` on the batcher's preparation pool (never the model's thread): decoding and
+        resizing uploads, which release the GIL, run there in parallel with the model."""
+        if self._prepare_pool is None:
+            self._prepare_pool = ThreadPoolExecutor(
+                max_workers=self.prepare_workers, thread_name_prefix="p2p-prepare"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, fn, *args)
 
     async def _submit(self, kind: str, items: list[Any]) -> np.ndarray:
         if not items:
@@ -225,6 +250,8 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         batch: list[_Segment] = []
         count = 0
+        # Requests that queued while the model was busy: batch them now, waiting for no more.
+        backlog = bool(lane.carry) or not lane.queue.empty()
         # leftovers of split requests first, in order
         while lane.carry and count < self.batch_size:
             segment = lane.carry.popleft()
@@ -242,7 +269,7 @@ class MicroBatcher:
                 if not request.dead:
                     break
             count += self._take(lane, batch, self.batch_size, request)
-        deadline = loop.time() + self.wait_ms / 1000.0
+        deadline = loop.time() + (0.0 if backlog else self.wait_ms / 1000.0)
         while count < self.batch_size:
             remaining = deadline - loop.time()
             try:

@@ -41,7 +41,7 @@ class ModelState:
         return self.version_id
 
 
-def get_model_state(request: Request) -> ModelState:
+async def get_model_state(request: Request) -> ModelState:
     state: ModelState | None = getattr(request.app.state, "model_state", None)
     if state is None:
         raise ServiceUnavailable("the embedding model is not loaded yet", error_type="model_not_loaded")

@@ -1,36 +1,98 @@
+"""``POST /v1/embed/texts`` and ``/v1/embed/images``.
+
+Answers are JSON by default. A client that sends ``Accept: application/octet-stream`` gets the
+vectors as raw bytes instead: ``count x dim`` float32 little-endian, row-major, rows in the order of
+the JSON ``items``, with the JSON's other fields in headers (``X-Embedding-Count``,
+``X-Embedding-Dim``, ``X-Embedding-Dtype: float32``, ``X-Model-Name``, ``X-Model-Version``,
+``X-Model-Version-Id``, ``X-Embedding-Sources``: a JSON list, ASCII-escaped). That answer costs the
+server no float formatting and the client no float parsing.
+"""
+
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, UploadFile
+import numpy as np
+from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
-from PIL import Image
+from fastapi.responses import Response
 
 from p2p.embedding_api import service
-from p2p.embedding_api.deps import ModelStateDep, ReadPrincipal, RuntimeDep
+from p2p.embedding_api.deps import ModelState, ModelStateDep, ReadPrincipal, RuntimeDep
 from p2p.embedding_api.schemas import EmbeddingPublic, EmbedPublic, TextEmbedCreate
 from p2p.shared.errors import InvalidInput
+from p2p.shared.settings import Settings
 
 router = APIRouter(prefix="/v1/embed", tags=["embed"])
 
+BINARY = "application/octet-stream"
+_ANSWERS: dict[str | int, dict[str, Any]] = {
+    200: {
+        "content": {BINARY: {"schema": {"type": "string", "format": "binary"}}},
+        "description": "JSON, or with `Accept: application/octet-stream` count x dim float32 "
+        "little-endian rows (metadata in X-Embedding-* and X-Model-* headers).",
+    }
+}
 
-@router.post("/texts", response_model=EmbedPublic)
+
+def wants_binary(request: Request) -> bool:
+    return BINARY in request.headers.get("accept", "")
+
+
+def embed_response(
+    request: Request, state: ModelState, sources: Sequence[str], vectors: np.ndarray
+) -> Response:
+    """The answer of both endpoints: JSON (``EmbedPublic``), or raw float32 rows when asked."""
+    ref = service.model_ref(state)
+    if wants_binary(request):
+        body = np.ascontiguousarray(vectors, dtype="<f4").tobytes()
+        headers = {
+            "X-Embedding-Count": str(len(sources)),
+            "X-Embedding-Dim": str(state.dim),
+            "X-Embedding-Dtype": "float32",
+            "X-Model-Name": ref.name,
+            "X-Model-Version": ref.version or "",
+            "X-Model-Version-Id": str(ref.version_id or ""),
+            "X-Embedding-Sources": json.dumps(list(sources)),
+        }
+        return Response(content=body, media_type=BINARY, headers=headers)
+    # Built without validation (every field is ours) and serialised once, by pydantic.
+    answer = EmbedPublic.model_construct(
+        model=ref,
+        dim=state.dim,
+        items=[
+            EmbeddingPublic.model_construct(source=s, embedding=v.tolist())
+            for s, v in zip(sources, vectors, strict=True)
+        ],
+    )
+    return Response(content=answer.model_dump_json(), media_type="application/json")
+
+
+@router.post("/texts", response_model=EmbedPublic, responses=_ANSWERS)
 async def embed_texts(
-    body: TextEmbedCreate, runtime: RuntimeDep, state: ModelStateDep, _: ReadPrincipal
-) -> EmbedPublic:
+    request: Request, body: TextEmbedCreate, runtime: RuntimeDep, state: ModelStateDep, _: ReadPrincipal
+) -> Response:
     """L2-normalised text embeddings of the serving model, in the order sent."""
     texts = service.check_texts(body.texts, settings=runtime.settings)
     vectors = await state.batcher.embed_texts(texts)
-    return EmbedPublic(
-        model=service.model_ref(state),
-        dim=state.dim,
-        items=[EmbeddingPublic(source=f"text:{i}", embedding=v.tolist()) for i, v in enumerate(vectors)],
-    )
+    return embed_response(request, state, [f"text:{i}" for i in range(len(texts))], vectors)
 
 
-@router.post("/images", response_model=EmbedPublic)
+def decode_upload(data: bytes, settings: Settings, name: str, model: Any) -> Any:
+    """An upload as the model's input: checked and decoded, then resized by the model's own
+    preprocessing where the model offers it (``prepare_image``)."""
+    image = service.decode_image(data, settings=settings, name=name)
+    prepare = getattr(model, "prepare_image", None)
+    return prepare(image) if prepare is not None else image
+
+
+@router.post("/images", response_model=EmbedPublic, responses=_ANSWERS)
 async def embed_images(
+    request: Request,
     runtime: RuntimeDep,
     state: ModelStateDep,
     _: ReadPrincipal,
@@ -38,8 +100,9 @@ async def embed_images(
     object_ids: Annotated[
         list[str] | None, Form(description="Ids of stored figures, panels or regions: their images.")
     ] = None,
-) -> EmbedPublic:
-    """Image embeddings: uploaded files first, then stored items, in the order sent."""
+) -> Response:
+    """Image embeddings: uploaded files first, then stored items, in the order sent. Uploads are
+    decoded and preprocessed on the batcher's preparation pool, beside the model."""
     files = files or []
     ids = [part.strip() for raw in object_ids or [] for part in raw.split(",") if part.strip()]
     limit = runtime.settings.embedding.max_images
@@ -54,17 +117,19 @@ async def embed_images(
         item_ids = [uuid.UUID(value) for value in ids]
     except ValueError as exc:
         raise InvalidInput(f"object_ids must be UUIDs: {exc}", error_type="invalid_id") from exc
-    sources: list[str] = []
-    images: list[Image.Image] = []
-    for upload in files:
-        name = upload.filename or "image"
-        data = await upload.read()
-        images.append(
-            await run_in_threadpool(service.decode_image, data, settings=runtime.settings, name=name)
+    names = [upload.filename or "image" for upload in files]
+    blobs = [await upload.read() for upload in files]
+    sources = [f"file:{name}" for name in names]
+    images: list[Any] = list(
+        await asyncio.gather(
+            *(
+                state.batcher.prepare(decode_upload, data, runtime.settings, name, state.model)
+                for data, name in zip(blobs, names, strict=True)
+            )
         )
-        sources.append(f"file:{name}")
+    )
 
-    def load_items() -> list[tuple[str, Image.Image]]:
+    def load_items() -> list[tuple[str, Any]]:
         out = []
         with runtime.session() as session:
             for item_id in item_ids:
@@ -72,14 +137,9 @@ async def embed_images(
                 out.append((f"{level}:{item_id}", service.load_item_image(runtime, session, item_id, level)))
         return out
 
-    for source, image in await run_in_threadpool(load_items):
-        sources.append(source)
-        images.append(image)
+    if item_ids:
+        for source, image in await run_in_threadpool(load_items):
+            sources.append(source)
+            images.append(image)
     vectors = await state.batcher.embed_images(images)
-    return EmbedPublic(
-        model=service.model_ref(state),
-        dim=state.dim,
-        items=[
-            EmbeddingPublic(source=s, embedding=v.tolist()) for s, v in zip(sources, vectors, strict=True)
-        ],
-    )
+    return embed_response(request, state, sources, vectors)
