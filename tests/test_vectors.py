@@ -268,6 +268,62 @@ def test_selective_filter_through_the_hnsw_index_still_returns_k(engine: Engine,
         conn.rollback()  # the index comes back
 
 
+def test_vectors_of_any_length_are_stored_unit_and_exact_search_ranks_by_cosine(engine: Engine) -> None:
+    """The exact path ranks by inner product, which equals cosine order only for unit vectors:
+    writes (upsert and COPY) store unit vectors whatever length they were given."""
+    rng = np.random.default_rng(17)
+    rows = make_rows(rng, 16, {"region": 400}, clusters=4)
+    lengths = rng.uniform(0.05, 20.0, len(rows)).astype(np.float32)
+    scaled = [
+        VectorRow(**{**r.__dict__, "embedding": r.embedding * s}) for r, s in zip(rows, lengths, strict=True)
+    ]
+    unit_rows = np.stack([r.embedding for r in rows])
+    for bulk in (True, False):
+        corpus = load(engine, scaled, 16, bulk=bulk)
+        try:
+            with engine.connect() as conn:
+                got = vectors.get_vector(conn, corpus.version_id, "region", rows[0].item_id)
+                assert got is not None and float(np.linalg.norm(got)) == pytest.approx(1.0, abs=1e-6)
+                for q in queries(corpus, "region", 5, seed=2):
+                    hits = vectors.search(conn, corpus.version_id, 7.5 * q, level="region", k=10, exact=True)
+                    sims = unit_rows @ q
+                    order = np.argsort(-sims, kind="stable")[:10]
+                    assert ids(hits) == [rows[i].item_id for i in order]
+                    assert [h.score for h in hits] == pytest.approx(sims[order].tolist(), abs=1e-5)
+        finally:
+            vectors.drop_table(engine, corpus.version_id)
+
+
+def test_a_filter_estimate_is_asked_once_and_forgotten_with_the_table(
+    engine: Engine, corpus64: Corpus
+) -> None:
+    from sqlalchemy import event
+
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    q = queries(corpus64, "region", 1)[0]
+    filters = SearchFilters(figure_type="plot", year_min=2003)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with engine.connect() as conn:
+            first = vectors.search(conn, corpus64.version_id, q, level="region", k=5, filters=filters)
+            again = vectors.search(conn, corpus64.version_id, q, level="region", k=5, filters=filters)
+            other = SearchFilters(figure_type="blot", year_min=2003)
+            vectors.search(conn, corpus64.version_id, q, level="region", k=5, filters=other)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert ids(first) == ids(again)
+    explains = [s for s in statements if s.startswith("EXPLAIN")]
+    assert len(explains) == 2  # one per distinct filter, not one per query
+    table = vectors.table_name(corpus64.version_id)
+    assert any(key[1] == table for key in vectors._estimates)
+    vectors._forget(engine, table)
+    assert not any(key[1] == table for key in vectors._estimates)
+
+
 def test_article_and_figure_filters(engine: Engine, corpus64: Corpus) -> None:
     row = next(r for r in corpus64.by_level["region"] if r.article_id is not None)
     q = queries(corpus64, "region", 1)[0]

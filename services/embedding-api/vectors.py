@@ -4,6 +4,8 @@ A version's table (``embedding_<16 hex digits of the version id>``) holds every 
 region vector of that version with the metadata search filters on, keyed by ``(level, item_id)``.
 Each level has its own partial HNSW index (cosine), so a region query walks a graph of regions only.
 
+Vectors are stored with unit length (normalised on write; cosine similarity does not depend on
+length), so the exact path ranks by inner product, a third of the arithmetic of a cosine distance.
 Vectors travel in pgvector's binary format through adapters registered once per database
 connection, so a 512-d query costs no text formatting or parsing. Table names come only from
 version ids (hex digits); levels are checked against :data:`LEVELS` before they reach SQL text;
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 import struct
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +47,9 @@ DEFAULT_MAX_SCAN_TUPLES = 50_000
 # or bitmap scan of the matching rows + top-k sort): at 1M rows and a 1% filter that is faster
 # than walking the graph past the 99% of neighbours that fail the filter, and its recall is 1.
 EXACT_FILTER_ROWS = 20_000
+# How long the planner's row estimate for one filter is reused (it only changes with ANALYZE).
+ESTIMATE_TTL_S = 60.0
+_ESTIMATES_MAX = 4096
 _COLUMNS = (
     "level",
     "item_id",
@@ -187,6 +193,14 @@ def _dim_key(conn: Connection | Engine, table: str) -> tuple[str, str]:
     return (url.render_as_string(hide_password=True), table)
 
 
+def _forget(engine: Engine, table: str) -> None:
+    """Drop what this process remembers of ``table`` (its dimension, filter estimates)."""
+    key = _dim_key(engine, table)
+    _dims.pop(key, None)
+    for cached in [k for k in _estimates if k[:2] == key]:
+        _estimates.pop(cached, None)
+
+
 def _table_dim(conn: Connection, table: str) -> int | None:
     """The declared dimension of ``table``'s embedding column, None when the table does not exist."""
     key = _dim_key(conn, table)
@@ -225,7 +239,7 @@ def ensure_table(
     if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= MAX_INDEXED_DIM:
         raise ValueError(f"dimension must be an integer in 1..{MAX_INDEXED_DIM}, got {dim!r}")
     table = table_name(version_id)
-    _dims.pop(_dim_key(engine, table), None)
+    _forget(engine, table)
     with engine.begin() as conn:
         # Concurrent creators of the same table serialise here instead of racing in the catalog.
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", (table,))
@@ -284,7 +298,7 @@ def drop_table(engine: Engine, version_id: uuid.UUID) -> None:
     table = table_name(version_id)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
-    _dims.pop(_dim_key(engine, table), None)
+    _forget(engine, table)
 
 
 # --- writes -----------------------------------------------------------------------------------
@@ -311,6 +325,10 @@ def _require_dim(conn: Connection, version_id: uuid.UUID) -> tuple[str, int]:
     return table, dim
 
 
+def _unit(arr: np.ndarray) -> np.ndarray:
+    return (arr / np.float32(math.sqrt(float(np.dot(arr, arr))))).astype(np.float32, copy=False)
+
+
 def _params(row: VectorRow, dim: int) -> tuple[Any, ...]:
     _check_level(row.level)
     return (
@@ -324,7 +342,7 @@ def _params(row: VectorRow, dim: int) -> tuple[Any, ...]:
         row.year,
         row.journal,
         row.article_id,
-        _vector(row.embedding, dim, f"embedding of {row.level} {row.item_id}"),
+        _unit(_vector(row.embedding, dim, f"embedding of {row.level} {row.item_id}")),
     )
 
 
@@ -429,8 +447,18 @@ def _where(level: str, filters: SearchFilters) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), params
 
 
+# (database URL, table, where, params) -> (estimate, monotonic time it expires)
+_estimates: dict[tuple[Any, ...], tuple[float, float]] = {}
+
+
 def _estimated_rows(conn: Connection, table: str, where: str, params: list[Any]) -> float:
-    """The planner's estimate of the rows matching ``where`` (no rows are read)."""
+    """The planner's estimate of the rows matching ``where`` (no rows are read), remembered for
+    :data:`ESTIMATE_TTL_S` so that repeated filters cost no extra round trip."""
+    key = (*_dim_key(conn, table), where, tuple(params))
+    now = time.monotonic()
+    cached = _estimates.get(key)
+    if cached is not None and cached[1] > now:
+        return cached[0]
     row = conn.exec_driver_sql(
         f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table} WHERE {where}", tuple(params)
     ).one()
@@ -439,7 +467,11 @@ def _estimated_rows(conn: Connection, table: str, where: str, params: list[Any])
         import json
 
         plan = json.loads(plan)
-    return float(plan[0]["Plan"]["Plan Rows"])
+    estimate = float(plan[0]["Plan"]["Plan Rows"])
+    if len(_estimates) >= _ESTIMATES_MAX:
+        _estimates.clear()
+    _estimates[key] = (estimate, now + ESTIMATE_TTL_S)
+    return estimate
 
 
 def search(
@@ -479,7 +511,7 @@ def search(
     dim = _table_dim(conn, table)
     if dim is None:
         raise LookupError(f"no vector table for model version {version_id}")
-    q = _vector(query, dim, "query vector")
+    q = _unit(_vector(query, dim, "query vector"))
     _adapt(conn)
     where, params = _where(level, filters)
     limit = k + offset
@@ -487,12 +519,14 @@ def search(
     if not exact and params and exact_below > 0:
         exact = _estimated_rows(conn, table, where, params) <= exact_below
     if exact:
-        # An ORDER BY expression no index provides: every matching row's distance is computed.
+        # Every matching row's distance, computed once: for unit vectors the cosine distance is
+        # 1 + the negative inner product (pgvector's <#>), which costs one sum instead of three. The
+        # sort key is an expression no index provides.
         sql = (
-            f"SELECT {columns}, embedding <=> %b AS distance FROM {table} WHERE {where} "
-            f"ORDER BY (embedding <=> %b) + 0, item_id LIMIT %s"
+            f"SELECT {columns}, (embedding <#> %b) + 1 AS distance FROM {table} WHERE {where} "
+            f"ORDER BY distance, item_id LIMIT %s"
         )
-        rows = conn.exec_driver_sql(sql, (q, *params, q, limit)).fetchall()
+        rows = conn.exec_driver_sql(sql, (q, *params, limit)).fetchall()
     else:
         conn.exec_driver_sql(
             "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', %s, true), "
