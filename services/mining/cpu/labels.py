@@ -218,7 +218,12 @@ class _Candidate:
 
 
 def _prepare_crop(
-    gray: np.ndarray, keep: np.ndarray | None, box: tuple[int, int, int, int], invert: bool
+    gray: np.ndarray,
+    keep: np.ndarray | None,
+    box: tuple[int, int, int, int],
+    invert: bool,
+    *,
+    cores: bool = False,
 ) -> np.ndarray:
     """Grey crop of ``box`` (glyphs plus a 1-2 px margin) with everything but the glyphs whitened,
     scaled so the crop is ``GLYPH_HEIGHT`` tall; thin glyphs (i, j, l, 1) are widened a little,
@@ -227,12 +232,16 @@ def _prepare_crop(
     patch = gray[y1:y2, x1:x2].astype(np.float32)
     if invert:
         patch = 255.0 - patch
-    if keep is not None:
+    ground = 255.0
+    if keep is not None and cores:
+        patch, ground = _glyph_strokes(patch, keep)
+    elif keep is not None:
         patch = np.where(keep, patch, 255.0)
     lo = float(patch.min()) if patch.size else 255.0
-    if lo < 250:  # stretch contrast: glyph core black, background white
-        patch = np.clip((patch - lo) * (255.0 / max(1.0, 255.0 - lo)), 0, 255)
-    patch = _spread(patch)
+    if lo < ground - 5:  # stretch contrast: glyph core black, background white
+        patch = np.clip((patch - lo) * (255.0 / max(1.0, ground - lo)), 0, 255)
+    # with the ground laid white, any grey left is glyph: a thin junction ("d" at 12 px) stays ink
+    patch = _spread(patch, 250.0 if keep is not None and cores else 160.0)
     h, w = patch.shape
     scale = GLYPH_HEIGHT / max(1, h)
     new_w = max(MIN_GLYPH_WIDTH, round(w * scale))
@@ -244,11 +253,38 @@ def _prepare_crop(
     return np.clip(canvas, 0, 255).astype(np.uint8)
 
 
-def _spread(patch: np.ndarray) -> np.ndarray:
+def _glyph_strokes(patch: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, float]:
+    """The patch with everything but the glyphs laid to the ground's grey level; returns it and
+    that level.
+
+    ``keep`` marks the glyphs' cores (the corner search's threshold near black or white, or an
+    Otsu split of a textured corner): after JPEG and
+    downscaling, most of a small glyph's stroke is grey edge that the threshold cut away. The
+    strokes are what is darker than halfway between ground and core, in pieces that touch a
+    core, plus a 1 px rim of the original grey.
+    """
+    if not keep.any() or keep.all():
+        return np.where(keep, patch, 255.0), 255.0
+    ground = float(np.median(patch[~keep]))
+    core = float(patch[keep].min())
+    strokes = (patch < 0.5 * (ground + core)).astype(np.uint8)
+    _, pieces = cv2.connectedComponents(strokes | keep.astype(np.uint8), connectivity=8)
+    touching = np.unique(pieces[keep])
+    mask = np.isin(pieces, touching[touching > 0])
+    # only within the glyphs' own box: a circle drawn round the label is not a stroke
+    ys, xs = np.nonzero(keep)
+    inside = np.zeros_like(mask)
+    inside[max(0, ys.min() - 1) : ys.max() + 2, max(0, xs.min() - 1) : xs.max() + 2] = True
+    mask &= inside
+    grown = cv2.dilate(mask.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+    return np.where(grown, np.minimum(patch, ground), ground), ground
+
+
+def _spread(patch: np.ndarray, ink_below: float = 160.0) -> np.ndarray:
     """Open up the gaps between glyphs, so that the recogniser's CTC decoding does not merge
     repeated thin letters ("ii", "11") into one."""
     h = patch.shape[0]
-    inked = (patch < 160).any(axis=0)
+    inked = (patch < ink_below).any(axis=0)
     if not inked.any():
         return patch
     edges = np.flatnonzero(np.diff(np.concatenate(([0], inked.astype(np.int8), [0]))))
@@ -418,7 +454,7 @@ def _inside_candidates(gray: np.ndarray, panels: list[Box], indices: list[int], 
     for corners in (("tl",), ("tr", "bl", "br")):
         for k in indices:
             x1, y1, x2, y2 = (round(v) for v in panels[k])
-            for glyph in corner_glyphs(gray, (x1, y1, x2, y2), u, corners):
+            for glyph in corner_glyphs(gray, (x1, y1, x2, y2), u, corners, grow=True):
                 found.setdefault(glyph.corner, {}).setdefault(k, []).append(glyph)
         if len(found.get("tl", {})) >= max(1, 0.5 * len(indices)):
             break
@@ -433,7 +469,7 @@ def _inside_candidates(gray: np.ndarray, panels: list[Box], indices: list[int], 
         ranked = sorted((_corner_distance(g.box, panels[k], corner), i) for i, g in enumerate(glyphs))
         for distance, i in ranked[:2]:
             glyph = glyphs[i]
-            crop = _prepare_crop(gray, glyph.keep, glyph.crop_box, invert=glyph.invert)
+            crop = _prepare_crop(gray, glyph.keep, glyph.crop_box, invert=glyph.invert, cores=True)
             prior = 0.9 - min(0.5, distance / side)
             out.append(_Candidate(box=glyph.box, crop=crop, panel=k, prior=prior))
     return out

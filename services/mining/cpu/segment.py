@@ -367,6 +367,7 @@ def corner_glyphs(
     corners: tuple[str, ...] = ("tl", "tr", "bl", "br"),
     *,
     otsu: bool = True,
+    grow: bool = False,
 ) -> list[CornerGlyph]:
     """Isolated, high-contrast glyph groups (either polarity) near the corners inside ``box``.
 
@@ -404,7 +405,7 @@ def corner_glyphs(
             fraction = float(text_mask.mean())
             if fraction == 0.0 or fraction > 0.3:
                 continue
-            for glyph in _glyph_groups(crop, text_mask, u, corner, calm):
+            for glyph in _glyph_groups(crop, text_mask, u, corner, calm, grow):
                 wx1, wy1, wx2, wy2 = glyph[0]
                 if any(_overlaps(glyph[0], other) for other in seen):
                     continue
@@ -439,8 +440,52 @@ def _ring_group(
     return [((wx1, wy1, wx2, wy2), (px1, py1, px2, py2), keep)]
 
 
+def _line_mates(labels: np.ndarray, stats: np.ndarray, cid: int, size: int, grow: bool) -> list[int] | None:
+    """``cid`` and its neighbours on the same line, or None when something that is not on the
+    line (texture, an image edge) touches the group. ``grow``: add neighbours of neighbours too
+    ("(a)" seen from its "(": the "a" reaches the ")"), for reading; the segmenter, which only
+    asks whether a corner holds a label, keeps to direct neighbours."""
+    bx, by, bw, bh = (int(v) for v in stats[cid, :4])
+    margin = max(2, round(0.35 * bh))
+    # reading a group, look a little further along the line: a serif font's ")" stands apart
+    reach = max(margin, round(0.5 * bh)) if grow else margin
+    bottom = by + bh
+    members = [cid]
+    box = (bx, by, bx + bw, by + bh)
+    while True:
+        ring = labels[
+            max(0, box[1] - margin) : min(size, box[3] + margin),
+            max(0, box[0] - reach) : min(size, box[2] + reach),
+        ]
+        # a strip of background along the panel's edge spans the window: it is no neighbour
+        others = [
+            int(o)
+            for o in np.unique(ring)
+            if o and o not in members and max(stats[o, 2], stats[o, 3]) < 0.8 * size
+        ]
+        mates = [
+            o
+            for o in others
+            if abs(int(stats[o, 1] + stats[o, 3]) - bottom) <= max(2.0, 0.4 * bh) or stats[o, 3] <= 0.45 * bh
+        ]
+        # up to four glyphs; read after JPEG, a glyph's core may come in two or three pieces
+        if len(others) > len(mates) or len(members) + len(mates) > (8 if grow else 4):
+            return None
+        if not mates:
+            return members
+        members.extend(mates)
+        if not grow:
+            return members
+        box = (
+            min(box[0], *(int(stats[k, 0]) for k in mates)),
+            min(box[1], *(int(stats[k, 1]) for k in mates)),
+            max(box[2], *(int(stats[k, 0] + stats[k, 2]) for k in mates)),
+            max(box[3], *(int(stats[k, 1] + stats[k, 3]) for k in mates)),
+        )
+
+
 def _glyph_groups(
-    crop: np.ndarray, text_mask: np.ndarray, u: float, corner: str, calm: bool
+    crop: np.ndarray, text_mask: np.ndarray, u: float, corner: str, calm: bool, grow: bool = False
 ) -> list[tuple[IntBox, IntBox, np.ndarray]]:
     size = crop.shape[0]
     n, labels, stats, _ = cv2.connectedComponentsWithStats(text_mask.astype(np.uint8), connectivity=8)
@@ -478,23 +523,9 @@ def _glyph_groups(
             continue
         if (corner[0] == "t" and by + bh >= size - 1) or (corner[0] == "b" and by <= 0):
             continue
-        margin = max(2, round(0.35 * bh))
-        ax1, ay1 = max(0, bx - margin), max(0, by - margin)
-        ax2, ay2 = min(size, bx + bw + margin), min(size, by + bh + margin)
-        ring = labels[ay1:ay2, ax1:ax2]
-        # a strip of background along the panel's edge spans the window: it is no neighbour
-        others = [
-            int(o) for o in np.unique(ring) if o and o != cid and max(stats[o, 2], stats[o, 3]) < 0.8 * size
-        ]
-        bottom = by + bh
-        mates = [
-            o
-            for o in others
-            if abs(int(stats[o, 1] + stats[o, 3]) - bottom) <= max(2.0, 0.4 * bh) or stats[o, 3] <= 0.45 * bh
-        ]
-        if len(others) > len(mates) or len(mates) > 3:
+        members = _line_mates(labels, stats, cid, size, grow)
+        if members is None:
             continue
-        members = [cid, *mates]
         wx1 = min(int(stats[k, 0]) for k in members)
         wy1 = min(int(stats[k, 1]) for k in members)
         wx2 = max(int(stats[k, 0] + stats[k, 2]) for k in members)
