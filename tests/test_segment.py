@@ -276,3 +276,28 @@ def test_narrow_gutter_between_plot_and_images_is_split() -> None:
         (10.0, float(second), 630.0, float(second + 140)),
     ]
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_touching_images_split_where_only_the_texture_changes() -> None:
+    """A calm grey image above a striped one, no gutter: the seam's colour step is no stronger
+    than the stripes' own, but the texture changes along the whole line."""
+    rng = np.random.default_rng(11)
+    image = canvas(600, 480)
+    calm = np.linspace(115, 135, 560)[None, :] + rng.normal(0, 2, (220, 560))
+    yy, xx = np.mgrid[0:220, 0:560]
+    stripes = 125 + 45 * np.sin((xx + yy) / 3.0) + rng.normal(0, 2, (220, 560))
+    image[20:240, 20:580] = np.clip(calm, 0, 255).astype(np.uint8)[:, :, None]
+    image[240:460, 20:580] = np.clip(stripes, 0, 200).astype(np.uint8)[:, :, None]
+    boxes = sorted(p.box for p in segment_panels(image))
+    assert len(boxes) == 2
+    assert all(abs(a - b) <= 3 for a, b in zip(boxes[0], (20, 20, 580, 240), strict=True))
+    assert all(abs(a - b) <= 3 for a, b in zip(boxes[1], (20, 240, 580, 460), strict=True))
+
+
+def test_one_striped_image_is_not_split_by_texture() -> None:
+    rng = np.random.default_rng(12)
+    image = canvas(600, 480)
+    yy, xx = np.mgrid[0:440, 0:560]
+    stripes = 125 + 45 * np.sin((xx + yy) / 3.0) + 10 * np.sin(yy / 40.0) + rng.normal(0, 2, (440, 560))
+    image[20:460, 20:580] = np.clip(stripes, 0, 200).astype(np.uint8)[:, :, None]
+    assert len(segment_panels(image)) == 1

@@ -623,6 +623,18 @@ class _EdgeMaps:
             self._cache[key] = cv2.integral(values)
         return self._cache[key]
 
+    def integral_of(self, kind: str) -> np.ndarray:
+        """Running sums of the grey image ("grey") or of the colour step across either axis
+        ("energy", texture strength), float64, shape (h + 1, w + 1)."""
+        key = f"int_{kind}"
+        if key not in self._cache:
+            if kind == "grey":
+                values = cv2.cvtColor(self.rgb, cv2.COLOR_RGB2GRAY)
+            else:
+                values = np.maximum(self.steps(0), self.steps(1))
+            self._cache[key] = cv2.integral(values, sdepth=cv2.CV_64F)
+        return self._cache[key]
+
     def profile(self, kind: str, box: IntBox, axis: int) -> np.ndarray:
         """Mean over the box of ``kind`` ("step", "steady", "ink") per column (axis 0) or row."""
         x1, y1, x2, y2 = box
@@ -704,7 +716,79 @@ def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis:
             if float((np.maximum(before, after) >= 0.9).mean()) < 0.8:
                 continue
         return c
-    return None
+    # A seam only texture shows is looked for in big blocks of images only: touching panels
+    # that merged into one (0-px gutters). Within one panel-sized image, a straight change of
+    # texture is as often content (a heat map's column, a group's sub-images) as a seam.
+    big = (x2 - x1) * (y2 - y1) >= TEXTURE_MIN_AREA * mask.size
+    return _texture_split(edges, box, u, axis) if dense_part and big else None
+
+
+TEXTURE_MIN_AREA = 0.25  # of the figure: parts this big may hold touching panels
+TEXTURE_BAND = 6  # px of each side compared across a candidate boundary
+TEXTURE_BLOCK = 16  # px along the line per comparison
+TEXTURE_AGREEMENT = 0.85  # of the blocks that must differ across the line
+
+
+def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | None:
+    """A straight line across which the picture changes along (nearly) its whole length: two
+    images touching without a gutter whose seam is no stronger than their texture (a calm CT next
+    to stripes or a field of dots, where the seam's step drowns among the texture's steps).
+
+    Block by block along the line, the bands on either side are compared by grey level and
+    texture energy (mean colour step); one texture continuing across the line leaves most blocks
+    alike, so stripes, fringes and gradients do not split.
+    """
+    x1, y1, x2, y2 = box
+    band = TEXTURE_BAND
+    length = (x2 - x1) if axis == 0 else (y2 - y1)
+    across = (y2 - y1) if axis == 0 else (x2 - x1)
+    margin = max(3, round(3 * u), band + 3)
+    blocks = across // TEXTURE_BLOCK
+    if length < 2 * margin + 1 or blocks < 4:
+        return None
+    grey = edges.integral_of("grey")
+    energy = edges.integral_of("energy")
+    # line positions c (boundary between pixel c-1 and c, box-relative) and block edges
+    cs = np.arange(margin, length - margin)
+    edges_across = np.linspace(0, across, blocks + 1).round().astype(int)
+
+    def band_means(run: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Mean of the band [lo, hi) (line positions) per block: shape (len(cs), blocks)."""
+        a, b = edges_across[:-1], edges_across[1:]
+        if axis == 1:  # horizontal line: bands are rows, blocks run along x
+            r1, r2 = (y1 + lo)[:, None], (y1 + hi)[:, None]
+            c1, c2 = (x1 + a)[None, :], (x1 + b)[None, :]
+        else:  # vertical line: bands are columns, blocks run along y
+            c1, c2 = (x1 + lo)[:, None], (x1 + hi)[:, None]
+            r1, r2 = (y1 + a)[None, :], (y1 + b)[None, :]
+        total = run[r2, c2] - run[r1, c2] - run[r2, c1] + run[r1, c1]
+        return total / np.maximum(1, (r2 - r1) * (c2 - c1))
+
+    def differ(gap: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        before = (cs - gap - width, cs - gap)
+        after = (cs + gap, cs + gap + width)
+        g1, g2 = band_means(grey, *before), band_means(grey, *after)
+        e1, e2 = band_means(energy, *before), band_means(energy, *after)
+        level = np.abs(g1 - g2)
+        texture = (np.maximum(e1, e2) + 4.0) / (np.minimum(e1, e2) + 4.0)
+        return (level > 12.0) | (texture > 2.0), level + 8.0 * np.log(texture)
+
+    wide, _ = differ(1, band)
+    agreement = wide.mean(axis=1)
+    if float(agreement.max()) < TEXTURE_AGREEMENT:
+        return None
+    # The difference must be the line's: a little way off it, both bands lie on one side of
+    # the seam and agree again. Inside one busy image, bands differ wherever they are put.
+    away = 2 * band + 2
+    off = np.full_like(agreement, 1.0)
+    off[away:-away] = np.maximum(agreement[: -2 * away], agreement[2 * away :])
+    seam = (agreement >= TEXTURE_AGREEMENT) & (off <= 0.35)
+    if not seam.any():
+        return None
+    # the seam itself: where narrow bands right beside the line differ most
+    _, sharp = differ(1, 2)
+    score = np.where(seam, sharp.mean(axis=1), -np.inf)
+    return int(cs[int(np.argmax(score))])
 
 
 def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, depth: int = 0) -> list[IntBox]:
