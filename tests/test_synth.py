@@ -359,3 +359,11 @@ def test_write_dataset_is_byte_identical_by_seed(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "annotations.json").read_bytes() == (
         tmp_path / "b" / "annotations.json"
     ).read_bytes()
+
+
+def test_only_bare_letters_and_numbers_are_circled(pool: list[tuple[Image.Image, dict[str, Any]]]) -> None:
+    """A circle drawn round "(viii)" or "4a." is nothing a paper prints (and a 60-px disc)."""
+    from p2p.mining.synth.figure import CIRCLED_STYLES
+
+    circled = {gt["synth"]["label_style"] for _, gt in pool if gt["synth"]["label_decoration"] == "circled"}
+    assert circled and circled <= set(CIRCLED_STYLES)

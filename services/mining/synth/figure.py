@@ -27,7 +27,7 @@ from p2p.mining.synth.util import (
     translate,
 )
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"  # 2: only bare letters and numbers are circled
 PANEL_TYPE_NAMES = ("image", "plot", "schematic", "table")
 STYLE_WEIGHTS = {
     "A": 3.0,
@@ -42,6 +42,7 @@ STYLE_WEIGHTS = {
     "(i)": 0.6,
     "1a": 0.8,
 }
+CIRCLED_STYLES = ("A", "a", "1")  # label styles that a drawn circle may enclose
 MARKER_WEIGHTS = {
     "arrow": 3.0,
     "arrowhead": 1.5,
@@ -173,6 +174,9 @@ def generate_figure(seed: int, **options: Any) -> tuple[Image.Image, dict[str, A
     if gutter == 0 and opts.label_position is None:
         position = "inside"
     decoration = opts.label_decoration or ("circled" if rng.random() < 0.1 else "plain")
+    if opts.label_decoration is None and style not in CIRCLED_STYLES:
+        # papers circle a bare letter or number, never "(viii)" or "4a." (a 60-px disc)
+        decoration = "plain"
     font_name = opts.label_font or _weighted(rng, dict(LABEL_FONTS))
     label_size = opts.label_size or int(np.clip(round(min(W, H) * float(rng.uniform(0.02, 0.036))), 9, 40))
     frame = opts.frame if opts.frame is not None else bool(rng.random() < 0.08)
