@@ -324,6 +324,75 @@ def test_a_filter_estimate_is_asked_once_and_forgotten_with_the_table(
     assert not any(key[1] == table for key in vectors._estimates)
 
 
+def test_a_filter_matching_many_rows_ranks_sign_bits_then_reranks_exactly(
+    engine: Engine, corpus64: Corpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past twice the rerank candidates, filtered rows are ranked by the Hamming distance of their
+    stored sign bits (an index-only scan of the covering metadata index) and the best candidates
+    exactly; a table without the bits column (made before it existed) is ranked exactly."""
+    from sqlalchemy import event
+
+    monkeypatch.setattr(vectors, "RERANK_CANDIDATES", 60)
+    filters, keep = FILTER_CASES["figure_type"]
+    assert len([r for r in corpus64.by_level["region"] if keep(r)]) > 2 * 200  # 20 x k
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    table = vectors.table_name(corpus64.version_id)
+    recall = 0.0
+    qs = queries(corpus64, "region", 10, seed=4)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with engine.connect() as conn:
+            for q in qs:
+                hits = vectors.search(conn, corpus64.version_id, q, level="region", k=10, filters=filters)
+                truth = corpus64.exact(q, "region", 10, keep)
+                assert len(hits) == 10 and {h.item_id for h in hits} <= {
+                    r.item_id for r in corpus64.rows if keep(r)
+                }
+                assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+                recall += len(set(ids(hits)) & set(truth)) / 10
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(f"VACUUM {table}")
+    with engine.connect() as conn:
+        # The metadata index covers item id and bits: the candidates need no heap page.
+        conn.exec_driver_sql("SET LOCAL enable_bitmapscan = off")
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(
+            r[0]
+            for r in conn.exec_driver_sql(
+                f"EXPLAIN SELECT item_id FROM {table} WHERE level = 'region' AND figure_type = 'plot' "
+                f"ORDER BY embedding_bits <~> %s::bit(64) LIMIT 200",
+                ("01" * 32,),
+            )
+        )
+        conn.rollback()
+    assert sum("embedding_bits <~>" in s for s in statements if not s.startswith("EXPLAIN")) == len(qs)
+    assert f"Index Only Scan using {table}_figure_type" in plan
+    assert recall / len(qs) >= 0.9
+
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN embedding_bits")
+        vectors._forget(engine, table)
+        statements.clear()
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            q = qs[0]
+            hits = vectors.search(conn, corpus64.version_id, q, level="region", k=10, filters=filters)
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+        assert ids(hits) == corpus64.exact(q, "region", 10, keep)
+        assert not any(
+            "embedding_bits" in s for s in statements if not s.startswith("SELECT 1 FROM pg_attribute")
+        )
+        conn.rollback()  # the column comes back
+    vectors._forget(engine, table)
+
+
 def test_article_and_figure_filters(engine: Engine, corpus64: Corpus) -> None:
     row = next(r for r in corpus64.by_level["region"] if r.article_id is not None)
     q = queries(corpus64, "region", 1)[0]
