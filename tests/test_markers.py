@@ -344,3 +344,24 @@ def test_star_of_a_far_hue_on_a_colourful_panel():
     markers = detect_markers(np.asarray(img), (0.0, 0.0, 320.0, 240.0))
     assert near(markers, (90, 80), 4.0), markers
     assert not near(markers, (230, 160), 6.0), markers
+
+
+def test_rectangle_in_the_colour_of_the_stain():
+    """A magenta box drawn on magenta-stained nuclei: its hue is common in the panel (so no
+    colour glyph), but two long straight parallel sides joined at both ends are a drawn box."""
+    rng = np.random.default_rng(7)
+    h, w = 260, 340
+    field = np.zeros((h, w, 3), np.float32)
+    field[...] = (25, 5, 30)
+    yy, xx = np.mgrid[0:h, 0:w]
+    for _ in range(14):  # blurred magenta nuclei
+        cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(8, 16)
+        blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))[..., None]
+        field += blob * np.array([200, 40, 220], np.float32)
+    img = Image.fromarray(np.clip(field, 0, 255).astype(np.uint8))
+    ImageDraw.Draw(img).rectangle([180, 90, 290, 200], outline=(240, 20, 240), width=2)
+    found = detect_markers(np.asarray(img), (0.0, 0.0, float(w), float(h)))
+    boxes = [m for m in found if m.kind in ("box", "inset")]
+    assert any(
+        contains_point(m.target_box, 235, 145) and m.target_box[2] - m.target_box[0] < 140 for m in boxes
+    )

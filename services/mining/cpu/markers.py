@@ -151,6 +151,10 @@ class _Panel:
             "white_core": (white_lo & (((gray >= 225) & (lift >= 50)) | (lift >= 75))).view(np.uint8),
             "black_core": (black_lo & (((gray <= 40) & (lift <= -50)) | (lift <= -60))).view(np.uint8),
             "colour": colour.view(np.uint8),
+            # Any saturated ink unlike its surroundings, whatever its hue: only for drawn
+            # rectangles, whose two long straight parallel sides no stain or colour map makes
+            # (a magenta box on magenta-stained nuclei).
+            "colour_any": saturated.view(np.uint8),
         }
         self._cc: dict[str, tuple[int, np.ndarray, np.ndarray]] = {}
         # Where the sides of a shaft are sampled: shafts are at most a few pixels wide, a little
@@ -1915,6 +1919,7 @@ def detect_markers(image: np.ndarray, panel_box: Box) -> list[Marker]:
             cands += _tiny_symbols(panel, name, text)
         cands += _dashed_outlines(panel, name)
         cands += _line_rectangles(panel, name)
+    cands += _line_rectangles(panel, "colour_any")
     cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]
     if text_zone.any():
         cands = [c for c in cands if not _in_text(c, text_zone)]
