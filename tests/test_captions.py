@@ -693,3 +693,18 @@ def test_unnamed_marker_note_after_last_panel_is_its_own_when_panels_have_notes(
     split = split_caption(caption, ["a", "b", "c"])
     assert split.subcaptions["b"] == "(b) Plot of volume."
     assert split.subcaptions["c"] == "(c) Western blot. Arrow indicates the band."
+
+
+def test_last_group_keeps_its_own_notes_and_gives_named_scale_bars_away() -> None:
+    caption = (
+        "(A) IHC of PD-L1. (B-D) Immunofluorescence of CD31. Arrowheads in B and C mark nuclei. "
+        "Scale bars, 1 cm (A) and 20 µm (B-D)."
+    )
+    split = split_caption(caption, ["A", "B", "C", "D"])
+    group = "(B-D) Immunofluorescence of CD31. Arrowheads in B and C mark nuclei."
+    bars = "Scale bars, 1 cm (A) and 20 µm (B-D)."
+    assert split.subcaptions["D"] == f"{group} {bars}"
+    assert split.subcaptions["A"] == f"(A) IHC of PD-L1. {bars}"
+    only = split_caption("(A-D) MR images of the infarct. Scale bars, 1 cm (A) and 5 µm (D).", list("ABCD"))
+    assert only.subcaptions["B"] == "(A-D) MR images of the infarct."
+    assert only.subcaptions["D"] == "(A-D) MR images of the infarct. Scale bars, 1 cm (A) and 5 µm (D)."

@@ -1087,22 +1087,28 @@ def _distribute(
         if clause and text[clause.start(1) : heads[last]].strip() and before.count("(") <= before.count(")"):
             segments.append(_Segment(clause.start(1), heads[last], None))
             ends[last] = clause.start() + 1
-    if frag_sentences[last]:
-        first_lo, first_hi = frag_sentences[last][0]
-        if single and not _is_own_sentence(text[first_lo : min(first_hi, first_lo + 200)].strip()):
-            trailing_from = 0
-        else:
-            own_last = label_sets[last]
-            for k, (lo, hi) in enumerate(frag_sentences[last]):
-                sentence = text[lo : min(hi, lo + 500)].strip()
-                names = _named_labels(text, lo, hi, known, roman, upper)
-                if len(own_last) >= 2 and names and names <= own_last:
-                    continue  # "(K, L) ... Arrows in K ...": the group's own text, for K and L
-                if _is_shared_sentence(sentence) and shared_kind(lo, hi):
-                    if not names and marker_style and _MARKER_NOTE_RE.match(sentence):
-                        continue  # per-panel marker notes: this one is the last panel's own
-                    trailing_from = k
-                    break
+    own_last = label_sets[last]
+    first = True
+    for k, (lo, hi) in enumerate(frag_sentences[last]):
+        sentence = text[lo : min(hi, lo + 500)].strip()
+        names = _named_labels(text, lo, hi, known, roman, upper)
+        scale = _SCALE_NOTE_RE.match(sentence)
+        if len(own_last) >= 2 and names and names <= own_last and not scale:
+            continue  # "(K, L) ... Arrows in K ...": the group's own text, for K and L
+        if scale and names:
+            # "Scale bars, 1 cm (A) and 5 µm (D).": for the panels named. (An unnamed one
+            # is the last panel's in the prostate set, the whole figure's in ours: left as is.)
+            trailing_from = k
+            break
+        if single and first and not _is_own_sentence(sentence[:200]):
+            trailing_from = k  # every other panel's text is one sentence: the rest is for all
+            break
+        first = False
+        if _is_shared_sentence(sentence) and shared_kind(lo, hi):
+            if not names and marker_style and _MARKER_NOTE_RE.match(sentence):
+                continue  # per-panel marker notes: this one is the last panel's own
+            trailing_from = k
+            break
     for i in range(len(splits)):
         own = label_sets[i]
         run_start: int | None = None
@@ -1276,6 +1282,8 @@ def _skip_separators(text: str, pos: int) -> int:
     return pos
 
 
+# "Scale bars, 1 cm (A) and 5 µm (D).": always a note for the panels it names (or all).
+_SCALE_NOTE_RE = re.compile(r"^scale\s*bars?\b", re.IGNORECASE)
 # A sentence about glyphs drawn on the image: "Red arrows indicate ...", "Dashed boxes outline ...".
 _MARKER_NOTE_RE = re.compile(
     r"^(?:the\s+)?(?:(?:white|black|red|green|blue|yellow|cyan|magenta|orange|open|filled|solid|dashed|dotted)"
