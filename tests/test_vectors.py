@@ -393,6 +393,35 @@ def test_a_filter_matching_many_rows_ranks_sign_bits_then_reranks_exactly(
     vectors._forget(engine, table)
 
 
+def test_a_table_made_before_the_bits_column_is_not_rewritten_and_still_searches(engine: Engine) -> None:
+    rng = np.random.default_rng(8)
+    rows = make_rows(rng, 8, {"panel": 60}, clusters=3)
+    version_id = uuid.uuid4()
+    table = vectors.table_name(version_id)
+    vectors.ensure_table(engine, version_id, 8)
+    try:
+        with engine.begin() as conn:  # as it was made before the column existed
+            conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN embedding_bits")
+        vectors.ensure_table(engine, version_id, 8)
+        with engine.begin() as conn:
+            assert not vectors._column_exists(conn, table, "embedding_bits")
+            indexdef = conn.exec_driver_sql(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = %s", (f"{table}_figure_type",)
+            ).scalar()
+            assert indexdef is not None and "INCLUDE" not in indexdef
+            vectors.upsert(conn, version_id, rows)
+        with engine.connect() as conn:
+            q = rows[0].embedding
+            hits = vectors.search(
+                conn, version_id, q, level="panel", k=3, filters=SearchFilters(journal="Cell")
+            )
+            expected = [r for r in rows if r.journal == "Cell"]
+            sims = np.stack([r.embedding for r in expected]) @ q
+            assert ids(hits) == [expected[i].item_id for i in np.argsort(-sims, kind="stable")[:3]]
+    finally:
+        vectors.drop_table(engine, version_id)
+
+
 def test_article_and_figure_filters(engine: Engine, corpus64: Corpus) -> None:
     row = next(r for r in corpus64.by_level["region"] if r.article_id is not None)
     q = queries(corpus64, "region", 1)[0]

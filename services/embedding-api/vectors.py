@@ -195,7 +195,7 @@ def _vector_oid(conn: Connection) -> int:
 # drop_table and ensure_table forget entries, and missing tables are never remembered.
 _dims: dict[tuple[str, str], int] = {}
 # (database URL, table) -> whether the table has the embedding_bits column (tables made before it
-# existed get it from their next ensure_table; until then search ranks them exactly).
+# existed do not: search ranks their filtered rows exactly).
 _bits: dict[tuple[str, str], bool] = {}
 
 
@@ -225,16 +225,19 @@ def _table_dim(conn: Connection, table: str) -> int | None:
     return dim
 
 
+def _column_exists(conn: Connection, table: str, column: str) -> bool:
+    row = conn.exec_driver_sql(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s AND NOT attisdropped",
+        (table, column),
+    ).fetchone()
+    return row is not None
+
+
 def _has_bits(conn: Connection, table: str) -> bool:
     key = _dim_key(conn, table)
     cached = _bits.get(key)
     if cached is None:
-        row = conn.exec_driver_sql(
-            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'embedding_bits' "
-            "AND NOT attisdropped",
-            (table,),
-        ).fetchone()
-        cached = _bits[key] = row is not None
+        cached = _bits[key] = _column_exists(conn, table, "embedding_bits")
     return cached
 
 
@@ -286,6 +289,8 @@ def ensure_table(
                 journal varchar(512),
                 article_id uuid,
                 embedding vector({dim}) NOT NULL,
+                embedding_bits bit({dim})
+                    GENERATED ALWAYS AS (binary_quantize(embedding)::bit({dim})) STORED,
                 PRIMARY KEY (level, item_id)
             )
             """
@@ -293,17 +298,16 @@ def ensure_table(
         # Vectors up to 2000-d fit a page: keep them inline instead of TOASTed (random floats do
         # not compress), which keeps index builds and exact scans off the TOAST table.
         conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN embedding SET STORAGE PLAIN")
-        # The signs of the vector (dim / 8 bytes), for ranking many filtered rows by Hamming
-        # distance from the metadata indexes alone. (A table made before this column existed is
-        # rewritten once here.)
-        conn.exec_driver_sql(
-            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS embedding_bits bit({dim}) "
-            f"GENERATED ALWAYS AS (binary_quantize(embedding)::bit({dim})) STORED"
+        # embedding_bits, the signs of the vector (dim / 8 bytes), ranks many filtered rows by
+        # Hamming distance from the metadata indexes alone. A table made before the column existed
+        # is left as it is (adding it would rewrite the table under a lock that stops search):
+        # search ranks its filtered rows exactly, and its next version's table has the column.
+        include = (
+            " INCLUDE (item_id, embedding_bits)" if _column_exists(conn, table, "embedding_bits") else ""
         )
         for column in ("figure_type", "license_group", "year", "journal"):
             conn.exec_driver_sql(
-                f"CREATE INDEX IF NOT EXISTS {table}_{column} ON {table} (level, {column}) "
-                f"INCLUDE (item_id, embedding_bits)"
+                f"CREATE INDEX IF NOT EXISTS {table}_{column} ON {table} (level, {column}){include}"
             )
         for column in ("figure_id", "article_id"):
             conn.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {table}_{column} ON {table} ({column})")
