@@ -274,3 +274,25 @@ def test_ocr_reads_small_downscaled_parenthesised_labels_on_grey_images() -> Non
     image, panels = small_grey_labels_figure()
     segment_panels(image)  # the label search reuses the segmenter's analysis, as in the miner
     assert assign_labels(panels, find_labels(image, panels)) == ["c", "d", "e"]
+
+
+def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
+    """The recogniser merges repeated i's ("iii" -> "i"); the glyph shapes in the crop give the
+    count back."""
+    from p2p.mining.cpu.labels import _count_strokes, _prepare_crop
+
+    def crop_of(text: str) -> np.ndarray:
+        """The recogniser's input for a printed label: glyphs scaled to one height, gaps opened."""
+        pil = Image.new("L", (90, 32), 255)
+        ImageDraw.Draw(pil).text((4, 4), text, fill=0, font=font(20, "DejaVuSerif.ttf"))
+        grey = np.asarray(pil)
+        ys, xs = np.nonzero(grey < 128)
+        box = (int(xs.min()) - 1, int(ys.min()) - 1, int(xs.max()) + 2, int(ys.max()) + 2)
+        return _prepare_crop(grey, None, box, invert=False)
+
+    assert _count_strokes(crop_of("iii"), "i", "i") == "iii"
+    assert _count_strokes(crop_of("v i i i"), "vi", "vi") == "viii"
+    assert _count_strokes(crop_of("viii"), "vi", "vi") == "vi"  # v and i touch: no count
+    assert _count_strokes(crop_of("(ii)"), "(i)", "i") == "ii"
+    assert _count_strokes(crop_of("iv"), "iv", "iv") == "iv"  # nothing to add
+    assert _count_strokes(crop_of("b"), "b", "b") == "b"  # not a numeral

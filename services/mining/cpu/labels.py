@@ -587,6 +587,8 @@ def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDe
     seen: set[tuple[int, int, int, int]] = set()
     for cand, (raw, score) in zip(candidates, readings, strict=True):
         text = normalize_label(raw)
+        if text is not None:
+            text = _count_strokes(cand.crop, raw, text)
         if text is None or score < MIN_SCORE or cand.box in seen:
             continue
         x1, y1, x2, y2 = cand.box
@@ -598,6 +600,41 @@ def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDe
         box = (float(x1), float(y1), float(x2), float(y2))
         out.append((cand.panel, LabelDetection(text=text, box=box, confidence=confidence, raw=raw)))
     return out
+
+
+def _count_strokes(crop: np.ndarray, raw: str, text: str) -> str:
+    """Roman numerals with the i's counted from the crop: the recogniser's CTC decoding merges
+    repeated thin letters ("ii" -> "i", "viii" -> "vi") even with the gaps ``_spread`` opens.
+
+    Glyphs are the crop's connected ink shapes: dots are small, the parentheses the reading shows
+    are the outermost shapes, i-stems narrow, v's and x's about as wide as tall. The i's are
+    recounted only when every shape is clearly one of these (two glyphs touching are not) and
+    the v's and x's agree with the reading; i's are only ever added.
+    """
+    if not text or set(text.lower()) - set("ivx"):
+        return text
+    _, _, stats, _ = cv2.connectedComponentsWithStats((crop < 128).astype(np.uint8), connectivity=8)
+    shapes = sorted((int(x), int(w), int(h)) for x, _, w, h, _ in stats[1:] if h >= 0.3 * GLYPH_HEIGHT)
+    stripped = "".join(raw.split())
+    if shapes and stripped.startswith(("(", "[")):
+        shapes = shapes[1:]
+    if shapes and stripped.endswith((")", "]")):
+        shapes = shapes[:-1]
+    runs: list[str] = []
+    for _, w, h in shapes:
+        ratio = w / max(1, h)
+        if ratio <= 0.55:
+            runs.append("n")
+        elif 0.8 <= ratio <= 1.25:
+            runs.append("w")
+        else:
+            return text  # two glyphs touching, or a shape of neither kind: no count
+    wide = [c for c in text if c.lower() in "vx"]
+    if len(runs) <= len(text) or runs.count("w") != len(wide):
+        return text
+    letters = iter(wide)
+    counted = "".join(next(letters) if r == "w" else ("I" if text.isupper() else "i") for r in runs)
+    return counted if counted.lower() in ROMAN else text
 
 
 # --------------------------------------------------------------------------------------------
