@@ -76,6 +76,7 @@ def test_train_start_shows_progress_and_the_run_is_listed_shown_and_not_cancelle
     run_id = re.search(r"training run ([0-9a-f-]{36}) queued", started.output)
     assert run_id is not None
     assert "completed" in said(started) and "step 4 of 4" in said(started)
+    assert re.search(r"time: export \d+ s, train \d+ s, evaluate \d+ s", said(started))
     assert f"training-runs/{run_id[1]}/step-00000004.pt" in said(started)
     listed = runner.invoke(app, ["train", "list"])
     assert listed.exit_code == 0 and run_id[1] in said(listed) and "4/4" in said(listed)

@@ -104,6 +104,9 @@ def test_api_run_exports_trains_evaluates_and_registers(make_runtime: RuntimeFac
         progress = shown["progress"]
         assert progress["step"] == 4 and progress["total_steps"] == 4 and progress["restarts"] == 0
         assert progress["samples_per_s"] > 0 and progress["eta_s"] is not None and progress["losses"]
+        phases = progress["phases"]  # where the run's time went
+        assert set(phases) == {"export_s", "train_s", "evaluate_s"} and all(v > 0 for v in phases.values())
+        assert sum(phases.values()) <= (run.finished_at - run.started_at).total_seconds() + 1
         assert runtime.store.exists(shown["checkpoint"]) and runtime.store.exists(shown["final_model"])
         metrics = shown["metrics"]
         assert {"trained", "untrained", "improved"} <= set(metrics)

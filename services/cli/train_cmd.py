@@ -234,6 +234,10 @@ def show_run(run: Any) -> None:
     if run.progress:
         step, total = run.progress.get("step"), run.progress.get("total_steps")
         out.print(f"step {step} of {total}; {progress_line(run.progress)}")
+        phases = run.progress.get("phases") or {}
+        if phases:
+            order = [p for p in ("export_s", "train_s", "evaluate_s") if p in phases]
+            out.print("time: " + ", ".join(f"{p.removesuffix('_s')} {phases[p]:.0f} s" for p in order))
     if run.checkpoint:
         out.print(f"latest checkpoint: {run.checkpoint}")
     table = metrics_table(run.metrics or {})

@@ -65,6 +65,22 @@ class _Run:
     def __init__(self, runtime: Runtime, run_id: uuid.UUID) -> None:
         self.runtime = runtime
         self.id = run_id
+        # Wall seconds per phase (export, train, evaluate), kept in ``progress["phases"]`` so an
+        # operator sees where a run's time went; a resumed run adds to what earlier attempts spent.
+        self.phases: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.monotonic() - start, 3)
+            with self.runtime.session() as session:
+                run = session.get(TrainingRun, self.id, with_for_update=True)
+                if run is not None:
+                    run.progress = {**run.progress, "phases": dict(self.phases)}
+                    session.commit()
 
     def load(self) -> TrainingRun:
         with self.runtime.session() as session:
@@ -79,6 +95,8 @@ class _Run:
             run = session.get(TrainingRun, self.id, with_for_update=True)
             if run is None:
                 return
+            if "progress" in values:
+                values["progress"] = {**values["progress"], "phases": dict(self.phases)}
             for key, value in values.items():
                 setattr(run, key, value)
             run.heartbeat_at = utcnow()
@@ -110,22 +128,27 @@ def _execute(runtime: Runtime, handle: _Run) -> TrainingRunStatus:
         handle.finish(TrainingRunStatus.CANCELLED, "cancelled before it started")
         return TrainingRunStatus.CANCELLED
     options = RunOptions.model_validate({k: v for k, v in run.options.items() if k != "preset"})
+    handle.phases = dict(run.progress.get("phases") or {})
     handle.update(attempts=run.attempts + 1, started_at=run.started_at or utcnow(), error=None)
     try:
-        snapshot_prefix = run.snapshot_prefix or _export(runtime, handle, run)
-        _check_data(runtime, snapshot_prefix, run)
+        with handle.phase("export_s"):
+            snapshot_prefix = run.snapshot_prefix or _export(runtime, handle, run)
+            _check_data(runtime, snapshot_prefix, run)
     except (ValueError, DatasetError) as exc:  # ExportError, TrainConfigError; TrainingDataError
         handle.finish(TrainingRunStatus.FAILED, str(exc))
         return TrainingRunStatus.FAILED
-    outcome = _train(runtime, handle, run, snapshot_prefix, options)
+    with handle.phase("train_s"):
+        outcome = _train(runtime, handle, run, snapshot_prefix, options)
     if outcome is not TrainingRunStatus.EVALUATING:
         return outcome
     try:
-        _evaluate_and_register(runtime, handle, options)
+        with handle.phase("evaluate_s"):
+            version_id = _evaluate_and_register(runtime, handle, options)
     except Exception as exc:
         log.exception("training run %s: evaluation or registration failed", run.id)
         handle.finish(TrainingRunStatus.FAILED, f"trained, but {type(exc).__name__}: {exc}"[:2000])
         return TrainingRunStatus.FAILED
+    handle.finish(TrainingRunStatus.COMPLETED, None, model_version_id=version_id)
     return TrainingRunStatus.COMPLETED
 
 
@@ -279,7 +302,7 @@ def _train(
             return TrainingRunStatus.FAILED
 
 
-def _evaluate_and_register(runtime: Runtime, handle: _Run, options: RunOptions) -> None:
+def _evaluate_and_register(runtime: Runtime, handle: _Run, options: RunOptions) -> uuid.UUID | None:
     from p2p.embedding_api.modeling import ModelSpec, load_model
     from p2p.training import evaluate
     from p2p.training.config import load_config
@@ -310,8 +333,7 @@ def _evaluate_and_register(runtime: Runtime, handle: _Run, options: RunOptions) 
     else:
         metrics["skipped"] = "the snapshot has no held-out figures (test and val are empty)"
     handle.update(metrics=metrics)
-    version_id = _register(runtime, run, trained, metrics, options) if options.register_model else None
-    handle.finish(TrainingRunStatus.COMPLETED, None, model_version_id=version_id)
+    return _register(runtime, run, trained, metrics, options) if options.register_model else None
 
 
 def _improved(trained: dict[str, Any], untrained: dict[str, Any]) -> dict[str, bool]:
