@@ -301,3 +301,29 @@ def test_one_striped_image_is_not_split_by_texture() -> None:
     stripes = 125 + 45 * np.sin((xx + yy) / 3.0) + 10 * np.sin(yy / 40.0) + rng.normal(0, 2, (440, 560))
     image[20:460, 20:580] = np.clip(stripes, 0, 200).astype(np.uint8)[:, :, None]
     assert len(segment_panels(image)) == 1
+
+
+def test_sideways_axis_title_joins_its_plot_not_the_picture_beside_it() -> None:
+    """A y-axis title set well clear of its tick labels, nearer the image on its left: it is the
+    plot's (the text of a y axis stands left of the axis), never the image's."""
+    rng = np.random.default_rng(13)
+    image = canvas(620, 260)
+    image[30:230, 20:240] = texture(rng, 220, 200, 120)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    small = font(11, bold=False)
+    ax1, ay1, ax2, ay2 = 330, 30, 590, 200
+    draw.rectangle([ax1, ay1, ax2, ay2], outline=(0, 0, 0), width=2)
+    for k in range(5):
+        ty = ay2 - k * 40
+        draw.line([ax1 - 5, ty, ax1, ty], fill=(0, 0, 0), width=2)
+        draw.text((ax1 - 24, ty - 7), f"{k * 10}", fill=(0, 0, 0), font=small)
+        draw.text((ax1 + k * 60 - 6, ay2 + 8), f"{k}", fill=(0, 0, 0), font=small)
+    draw.line([(ax1 + 5, ay2 - 20), (ax2 - 5, ay1 + 30)], fill=(30, 30, 200), width=2)
+    title = Image.new("RGB", (100, 14), (255, 255, 255))
+    ImageDraw.Draw(title).text((0, 0), "Expression (a.u.)", fill=(0, 0, 0), font=small)
+    pil.paste(title.rotate(90, expand=True), (262, 70))
+    image[:] = np.asarray(pil)
+    picture = (20.0, 30.0, 240.0, 230.0)
+    plot = ink_box(image, (258, 20, 610, 240))
+    assert_matches(segment_panels(image), [picture, plot], 0.95)

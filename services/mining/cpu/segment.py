@@ -840,6 +840,7 @@ def _cluster(
         return clusters
     has_labels = sum(1 for a in anchors if a >= 0) >= 2
     text_gap = 3.0 * u
+    title_gap = 5.0 * u  # a sideways y-axis title to its plot
     sub_gap = 4.0 * u  # unlabelled drawing pieces join a labelled neighbour
     touch_gap = max(2.0, 0.4 * u)  # unlabelled images join a labelled one only when nearly touching
     small_gap = 2.0 * u  # a much smaller part (legend, colour bar) joins a neighbour
@@ -852,10 +853,21 @@ def _cluster(
         dy = np.maximum(0.0, np.maximum(boxes[:, 1], b[1]) - np.minimum(boxes[:, 3], b[3]))
         return np.maximum(dx, dy) + 0.5 * np.minimum(dx, dy)
 
+    def upright_title(c: _Cluster) -> bool:
+        """Text set sideways (a y-axis title): a narrow column of glyphs."""
+        w, h = c.box[2] - c.box[0], c.box[3] - c.box[1]
+        return not c.major and h >= 3.0 * w and w <= 2.5 * u
+
     def threshold(i: int, j: int) -> float:
         a, b = clusters[i], clusters[j]
         if a.anchor >= 0 and b.anchor >= 0 and a.anchor != b.anchor:
             return -1.0
+        for title, other in ((a, b), (b, a)):
+            if upright_title(title) and other.major:
+                # a y-axis title belongs to the plot on its right, a little further off than tick
+                # labels (rotated text stands clear of them), never to a picture beside it
+                right = other.box[0] >= title.box[2] - 1
+                return title_gap if right and not other.dense else -1.0
         if not a.major or not b.major:
             return text_gap
         small, large = sorted((a.largest, b.largest))
