@@ -624,12 +624,12 @@ class _EdgeMaps:
         return self._cache[key]
 
     def integral_of(self, kind: str) -> np.ndarray:
-        """Running sums of the grey image ("grey") or of the colour step across either axis
-        ("energy", texture strength), float64, shape (h + 1, w + 1)."""
+        """Running sums of one colour channel ("red", "green", "blue") or of the colour step
+        across either axis ("energy", texture strength), float64, shape (h + 1, w + 1)."""
         key = f"int_{kind}"
         if key not in self._cache:
-            if kind == "grey":
-                values = cv2.cvtColor(self.rgb, cv2.COLOR_RGB2GRAY)
+            if kind in ("red", "green", "blue"):
+                values = np.ascontiguousarray(self.rgb[:, :, ("red", "green", "blue").index(kind)])
             else:
                 values = np.maximum(self.steps(0), self.steps(1))
             self._cache[key] = cv2.integral(values, sdepth=cv2.CV_64F)
@@ -734,7 +734,7 @@ def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | 
     images touching without a gutter whose seam is no stronger than their texture (a calm CT next
     to stripes or a field of dots, where the seam's step drowns among the texture's steps).
 
-    Block by block along the line, the bands on either side are compared by grey level and
+    Block by block along the line, the bands on either side are compared by mean colour and
     texture energy (mean colour step); one texture continuing across the line leaves most blocks
     alike, so stripes, fringes and gradients do not split.
     """
@@ -746,7 +746,7 @@ def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | 
     blocks = across // TEXTURE_BLOCK
     if length < 2 * margin + 1 or blocks < 4:
         return None
-    grey = edges.integral_of("grey")
+    channels = [edges.integral_of(c) for c in ("red", "green", "blue")]
     energy = edges.integral_of("energy")
     # line positions c (boundary between pixel c-1 and c, box-relative) and block edges
     cs = np.arange(margin, length - margin)
@@ -767,9 +767,9 @@ def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | 
     def differ(gap: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         before = (cs - gap - width, cs - gap)
         after = (cs + gap, cs + gap + width)
-        g1, g2 = band_means(grey, *before), band_means(grey, *after)
+        # colour, channel by channel: two dark fluorescence images differ in hue, not in grey
+        level = np.max([np.abs(band_means(c, *before) - band_means(c, *after)) for c in channels], axis=0)
         e1, e2 = band_means(energy, *before), band_means(energy, *after)
-        level = np.abs(g1 - g2)
         texture = (np.maximum(e1, e2) + 4.0) / (np.minimum(e1, e2) + 4.0)
         return (level > 12.0) | (texture > 2.0), level + 8.0 * np.log(texture)
 
