@@ -327,3 +327,21 @@ def test_sideways_axis_title_joins_its_plot_not_the_picture_beside_it() -> None:
     picture = (20.0, 30.0, 240.0, 230.0)
     plot = ink_box(image, (258, 20, 610, 240))
     assert_matches(segment_panels(image), [picture, plot], 0.95)
+
+
+def test_touching_dark_fluorescence_images_split_by_their_hue() -> None:
+    """Two dark fluorescence fields with their faint background glow, magenta beside blue, no
+    gutter: grey level and texture barely change across the seam, the colour does."""
+    rng = np.random.default_rng(14)
+    image = canvas(560, 660)
+    yy, xx = np.mgrid[0:300, 0:520]
+    for y0, colour, glow in ((20, (200, 60, 200), (24, 8, 24)), (320, (60, 110, 250), (8, 10, 26))):
+        field = np.zeros((300, 520, 3), np.float32) + np.array(glow, np.float32)
+        for _ in range(60):
+            cx, cy, r = rng.uniform(0, 520), rng.uniform(0, 300), rng.uniform(3, 7)
+            blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))[..., None]
+            field += blob * np.array(colour, np.float32)
+        image[y0 : y0 + 300, 20:540] = np.clip(field + rng.normal(0, 2, field.shape), 0, 255).astype(np.uint8)
+    boxes = sorted(p.box for p in segment_panels(image))
+    assert len(boxes) == 2
+    assert abs(boxes[0][3] - 320) <= 3 and abs(boxes[1][1] - 320) <= 3
