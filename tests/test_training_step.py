@@ -194,6 +194,23 @@ def test_more_trainable_blocks_than_the_tower_has_trains_every_block():
     assert not model.clip.visual.conv1.weight.requires_grad  # type: ignore[union-attr]
 
 
+def test_new_texts_are_encoded_in_chunks_of_similar_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    from p2p.training import hierarchy
+
+    monkeypatch.setattr(hierarchy, "TEXT_ENCODE_CHUNK", 3)
+    model = build_model(TrainConfig(), default_spec())  # a Hugging Face tower that masks padding
+    widths: list[int] = []
+    model.clip.text.register_forward_pre_hook(  # type: ignore[union-attr]
+        lambda _module, args: widths.append(int(args[0].shape[-1]))
+    )
+    caption = "Immunohistochemistry of the resected tumour with arrows at the invasive margin " * 3
+    out = model.encode_texts(["cells", caption, "nuclei", "stroma"])
+    # the three short texts are one chunk, the caption pays its own width alone
+    assert len(widths) == 2 and widths[0] < 8 and widths[1] > 40, widths
+    alone = model.clip.encode_text(model.tokenizer([caption]))  # type: ignore[operator]
+    assert torch.allclose(out[1], alone[0], atol=1e-5)
+
+
 def test_default_minilm_spec_freezes_the_text_tower():
     cfg = TrainConfig(train_last_vision_blocks=2)
     model = build_model(cfg, default_spec())
@@ -307,12 +324,22 @@ def test_a_frozen_text_tower_encodes_each_text_once_and_a_trainable_one_every_ti
     model.clip.token_embedding.register_forward_hook(count)  # type: ignore[union-attr]
     texts = ["a red box", "a blue box", "a red box"]
     first = model.encode_texts(texts)
-    assert calls["n"] == 2  # one encode per distinct text
+    assert calls["n"] == 1  # the distinct new texts of a batch: one encode together
     alone = model.clip.encode_text(model.tokenizer(["a blue box"]))  # type: ignore[operator]
-    assert torch.equal(first[1], alone[0]) and torch.equal(first[0], first[2])
-    again = model.encode_texts(["a blue box", "a red box"])
-    assert calls["n"] == 3 and torch.equal(again[0], first[1])  # the 3rd was the direct encode above
+    assert torch.allclose(first[1], alone[0], atol=1e-5) and torch.equal(first[0], first[2])
+    again = model.encode_texts(["a blue box", "a red box", "a green box"])
+    assert calls["n"] == 3  # the 2nd was the direct encode above; only "a green box" was new
+    assert torch.equal(again[0], first[1]) and torch.equal(again[1], first[0])
     assert not first.requires_grad
+    # The cache travels with a checkpoint: a fresh model given it encodes nothing it already holds.
+    state = model.text_cache_state()
+    assert state is not None and state["texts"] == ["a blue box", "a red box", "a green box"]  # LRU order
+    restored = build_model(tiny_cfg())
+    restored.load_text_cache(state)
+    restored.clip.token_embedding.register_forward_hook(count)  # type: ignore[union-attr]
+    calls["n"] = 0
+    assert torch.equal(restored.encode_texts(["a green box", "a red box"]), again[[2, 1]])
+    assert calls["n"] == 0
     trainable = build_model(tiny_cfg(freeze_text=False))
     trainable.clip.token_embedding.register_forward_hook(count)  # type: ignore[union-attr]
     calls["n"] = 0

@@ -64,6 +64,7 @@ class TrainState:
     config: dict[str, Any]
     snapshot: str
     key: str = ""  # where it was read from / written to
+    text_cache: dict[str, Any] | None = None  # frozen text tower embeddings (HierarchicalCLIP)
 
 
 def _prefix(prefix: str) -> str:
@@ -160,6 +161,7 @@ def save_checkpoint(store: ObjectStore, prefix: str, state: TrainState, *, keep:
         "rng": state.rng,
         "config": state.config,
         "snapshot": state.snapshot,
+        "text_cache": state.text_cache,
     }
     path = _fresh_staging_path(prefix, f"step-{state.step:08d}.pt")
     try:
@@ -230,6 +232,7 @@ def load_latest(store: ObjectStore, prefix: str) -> TrainState | None:
         config=obj["config"],
         snapshot=str(obj["snapshot"]),
         key=key,
+        text_cache=obj.get("text_cache"),
     )
 
 

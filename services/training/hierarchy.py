@@ -39,6 +39,7 @@ STEP_LEVELS: tuple[str, ...] = ("figure", "panel", "region", "mixed", "flat")
 SCALE_NAMES = ("figure", "region", "fine", "figure_panel", "panel_region")  # "panel": clip.logit_scale
 CHILD = {"figure": "panel", "panel": "region"}
 INTER_SCALE = {"figure": "figure_panel", "panel": "panel_region"}
+TEXT_ENCODE_CHUNK = 32  # new texts encoded together by the frozen tower
 TEXT_CACHE_MAX = 50_000  # frozen-tower text embeddings kept (384 floats each for MiniLM: ~75 MB)
 
 
@@ -173,19 +174,44 @@ class HierarchicalCLIP(nn.Module):
         if not frozen:
             return cast(torch.Tensor, clip.encode_text(trim_padding(clip, self.tokenizer(texts).to(device))))
         # A frozen tower gives every text the same embedding in every epoch: each text is encoded
-        # once, on its own (so its value does not depend on which batch it came in, and a resumed
-        # run computes the same numbers), and reused from then on. Most of a CPU step was spent
-        # re-encoding the same captions padded to the full context.
+        # once, together with the other texts its batch brings for the first time, and reused from
+        # then on. Which texts are new in a batch follows from the data order and the cache alone,
+        # and the cache is part of the checkpoint (``text_cache_state``), so a resumed run encodes
+        # every later text in the same company as the uninterrupted run and computes the same numbers.
         with torch.no_grad():
+            new: list[str] = []
             for text in dict.fromkeys(texts):
                 if text in self._text_cache:
                     self._text_cache.move_to_end(text)
-                    continue
-                tokens = trim_padding(clip, self.tokenizer([text]).to(device))
-                self._text_cache[text] = clip.encode_text(tokens)[0]
-                if len(self._text_cache) > TEXT_CACHE_MAX:
+                else:
+                    new.append(text)
+            if new:
+                tokens = self.tokenizer(new).to(device)
+                # Short region texts padded to a long caption's length would cost the caption's
+                # time each: encode the new texts in chunks of similar length.
+                pad_id = getattr(getattr(getattr(clip, "text", None), "config", None), "pad_token_id", None)
+                lengths = (tokens != pad_id).sum(dim=-1) if pad_id is not None else torch.zeros(len(new))
+                order = torch.argsort(lengths, stable=True)
+                for chunk in order.split(TEXT_ENCODE_CHUNK):
+                    vectors = clip.encode_text(trim_padding(clip, tokens[chunk]))
+                    for index, vector in zip(chunk.tolist(), vectors, strict=True):
+                        self._text_cache[new[index]] = vector.clone()
+                while len(self._text_cache) > max(TEXT_CACHE_MAX, len(new)):
                     self._text_cache.popitem(last=False)
             return torch.stack([self._text_cache[t] for t in texts])
+
+    def text_cache_state(self) -> dict[str, Any] | None:
+        """The frozen-tower text cache in its LRU order, for a checkpoint (None when empty)."""
+        if not self._text_cache:
+            return None
+        return {"texts": list(self._text_cache), "embeddings": torch.stack(list(self._text_cache.values()))}
+
+    def load_text_cache(self, state: dict[str, Any] | None) -> None:
+        self._text_cache.clear()
+        if state:
+            device = self.logit_scales["figure"].device
+            for text, vector in zip(state["texts"], state["embeddings"].to(device), strict=True):
+                self._text_cache[text] = vector
 
     # ------------------------------------------------------------------------------- embeddings
 

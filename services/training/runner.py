@@ -361,6 +361,7 @@ def run_training(
                 f"checkpoint {state.key}: the optimizer state does not fit this model ({exc})"
             ) from exc
         ckpt.restore_rng(state.rng, model.generator)
+        model.load_text_cache(state.text_cache)
         step, epoch, consumed = state.step, state.epoch, state.consumed
         resumed_from, last_key = state.step, state.key
         log.info("resuming from %s (step %d, epoch %d)", state.key, step, epoch)
@@ -392,6 +393,7 @@ def run_training(
                     rng=ckpt.rng_state(model.generator),
                     config=ckpt.config_dict(config),
                     snapshot=snapshot,
+                    text_cache=_unwrap(model).text_cache_state(),
                 ),
                 keep=keep_checkpoints,
             )
