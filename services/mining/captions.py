@@ -1090,9 +1090,9 @@ def _distribute(
     own_last = label_sets[last]
     first = True
     for k, (lo, hi) in enumerate(frag_sentences[last]):
-        sentence = text[lo : min(hi, lo + 500)].strip()
+        note = text[lo : min(hi, lo + 500)].strip()
         names = _named_labels(text, lo, hi, known, roman, upper)
-        scale = _SCALE_NOTE_RE.match(sentence)
+        scale = _SCALE_NOTE_RE.match(note)
         if len(own_last) >= 2 and names and names <= own_last and not scale:
             continue  # "(K, L) ... Arrows in K ...": the group's own text, for K and L
         if scale and names:
@@ -1100,12 +1100,12 @@ def _distribute(
             # is the last panel's in the prostate set, the whole figure's in ours: left as is.)
             trailing_from = k
             break
-        if single and first and not _is_own_sentence(sentence[:200]):
+        if single and first and not _is_own_sentence(note[:200]):
             trailing_from = k  # every other panel's text is one sentence: the rest is for all
             break
         first = False
-        if _is_shared_sentence(sentence) and shared_kind(lo, hi):
-            if not names and marker_style and _MARKER_NOTE_RE.match(sentence):
+        if _is_shared_sentence(note) and shared_kind(lo, hi):
+            if not names and marker_style and _MARKER_NOTE_RE.match(note):
                 continue  # per-panel marker notes: this one is the last panel's own
             trailing_from = k
             break
