@@ -296,3 +296,22 @@ def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
     assert _count_strokes(crop_of("(ii)"), "(i)", "i") == "ii"
     assert _count_strokes(crop_of("iv"), "iv", "iv") == "iv"  # nothing to add
     assert _count_strokes(crop_of("b"), "b", "b") == "b"  # not a numeral
+
+
+def test_labels_in_one_corner_beside_overlay_text_in_another() -> None:
+    """Labels at the bottom left of each image, a magnification overlay ("x20") at the top right
+    of each: both corners hold a glyph group on every panel, the reading tells the labels."""
+    rng = np.random.default_rng(6)
+    image = np.full((300, 620, 3), 255, dtype=np.uint8)
+    boxes = [(10, 10, 300, 290), (320, 10, 610, 290)]
+    for x1, y1, x2, y2 in boxes:
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 40)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for text, (x1, _, x2, y2) in zip(["a", "b"], boxes, strict=True):
+        draw.text((x1 + 6, y2 - 30), text, fill=(255, 255, 255), font=font(24))
+        draw.text((x2 - 40, 14), "x20", fill=(255, 255, 255), font=font(14))
+    image = np.asarray(pil).copy()
+    panels = [panel(tuple(float(v) for v in b)) for b in boxes]  # type: ignore[arg-type]
+    segment_panels(image)
+    assert assign_labels(panels, find_labels(image, panels)) == ["a", "b"]
