@@ -174,14 +174,21 @@ def test_ocr_reads_rendered_labels() -> None:
         assert 0 <= x1 < x2 <= image.shape[1] and 0 <= y1 < y2 <= image.shape[0]
 
 
-def test_ocr_reads_white_labels_inside_dark_images() -> None:
-    rng = np.random.default_rng(1)
-    image = np.full((260, 540, 3), 255, dtype=np.uint8)
-    boxes = [(10, 10, 260, 250), (280, 10, 530, 250)]
+def textured_figure(
+    size: tuple[int, int], boxes: list[tuple[int, int, int, int]], level: int, seed: int
+) -> tuple[Image.Image, ImageDraw.ImageDraw]:
+    """A white figure of ``size`` (w, h) with a grey texture of mean ``level`` in each box."""
+    rng = np.random.default_rng(seed)
+    image = np.full((size[1], size[0], 3), 255, dtype=np.uint8)
     for x1, y1, x2, y2 in boxes:
-        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 45)
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, level)
     pil = Image.fromarray(image)
-    draw = ImageDraw.Draw(pil)
+    return pil, ImageDraw.Draw(pil)
+
+
+def test_ocr_reads_white_labels_inside_dark_images() -> None:
+    boxes = [(10, 10, 260, 250), (280, 10, 530, 250)]
+    pil, draw = textured_figure((540, 260), boxes, 45, seed=1)
     for text, (x1, y1, _, _) in zip(["a", "b"], boxes, strict=True):
         draw.text((x1 + 8, y1 + 2), text, fill=(255, 255, 255), font=font(26))
     image = np.asarray(pil).copy()
@@ -301,13 +308,8 @@ def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
 def test_labels_in_one_corner_beside_overlay_text_in_another() -> None:
     """Labels at the bottom left of each image, a magnification overlay ("x20") at the top right
     of each: both corners hold a glyph group on every panel, the reading tells the labels."""
-    rng = np.random.default_rng(6)
-    image = np.full((300, 620, 3), 255, dtype=np.uint8)
     boxes = [(10, 10, 300, 290), (320, 10, 610, 290)]
-    for x1, y1, x2, y2 in boxes:
-        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 40)
-    pil = Image.fromarray(image)
-    draw = ImageDraw.Draw(pil)
+    pil, draw = textured_figure((620, 300), boxes, 40, seed=6)
     for text, (x1, _, x2, y2) in zip(["a", "b"], boxes, strict=True):
         draw.text((x1 + 6, y2 - 30), text, fill=(255, 255, 255), font=font(24))
         draw.text((x2 - 40, 14), "x20", fill=(255, 255, 255), font=font(14))
