@@ -172,6 +172,14 @@ def test_export_writes_shards_index_and_manifest(corpus: Corpus) -> None:
     assert split_of[str(corpus.plain)] == split_of[str(corpus.mined[0])]
     for row in index:
         assert row["split"] == assign_split(group_key(figure_id="-", pmcid=row["pmcid"]), SPREAD)
+    # val+test: both held-out splits read as one, val first
+    held_out = _keys(iter_samples(store, "snap/spread", "val+test", shuffle_buffer=0, seed=0, epoch=0))
+    by_split = {
+        s: _keys(iter_samples(store, "snap/spread", s, shuffle_buffer=0, seed=0, epoch=0)) for s in SPLITS
+    }
+    assert held_out == by_split["val"] + by_split["test"] and not set(held_out) & set(by_split["train"])
+    with pytest.raises(DatasetError, match="no split 'tset'"):
+        iter_samples(store, "snap/spread", "val+tset", shuffle_buffer=0, seed=0, epoch=0)
     with pytest.raises(ExportError, match="already holds a snapshot"):
         export_corpus(corpus.runtime, out_prefix="snap/spread", snapshot_name="again")
 

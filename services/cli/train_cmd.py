@@ -330,7 +330,7 @@ def ablate_cmd(
     set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE over the preset.")] = None,
     max_steps: Annotated[int | None, typer.Option(help="Steps per run (default: the preset's).")] = None,
     out_prefix: Annotated[str, typer.Option(help="Where the runs' checkpoints go.")] = "ablations",
-    eval_split: Annotated[str, typer.Option()] = "test",
+    eval_split: Annotated[str, typer.Option(help="test, val, or val+test (both held-out splits).")] = "test",
     max_items: Annotated[int | None, typer.Option(help="Evaluate on the first N figures.")] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json-out", help="Write rows and summary as JSON.")

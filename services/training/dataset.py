@@ -90,13 +90,22 @@ def read_manifest(store: ObjectStore, prefix: str) -> dict[str, Any]:
     return loaded
 
 
+def split_figures(counts: dict[str, Any], split: str) -> int:
+    """Figures of ``split`` in a manifest's counts; ``val+test`` is the union of both."""
+    return sum(int(counts.get(part, {}).get("figures", 0)) for part in split.split("+"))
+
+
 def split_shards(manifest: dict[str, Any], split: str) -> list[str]:
-    """The shard keys of ``split``; raises :class:`EmptySplit` when it has no samples."""
+    """The shard keys of ``split`` (``a+b``: both splits, in that order); raises :class:`EmptySplit`
+    when it has no samples."""
     counts = manifest.get("counts", {})
-    if split not in counts:
-        raise DatasetError(f"snapshot {manifest.get('snapshot_name')} has no split {split!r}")
-    shards = [s["key"] for s in manifest.get("shards", []) if s["split"] == split and s["samples"] > 0]
-    if not shards or counts[split].get("figures", 0) == 0:
+    parts = split.split("+")
+    unknown = [part for part in parts if part not in counts]
+    if unknown:
+        raise DatasetError(f"snapshot {manifest.get('snapshot_name')} has no split {unknown[0]!r}")
+    listed = [s for s in manifest.get("shards", []) if s["samples"] > 0]
+    shards = [s["key"] for part in parts for s in listed if s["split"] == part]
+    if not shards or split_figures(counts, split) == 0:
         raise EmptySplit(
             f"split {split} has no samples in snapshot {manifest.get('snapshot_name')} "
             f"({manifest.get('out_prefix')})"

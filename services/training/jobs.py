@@ -306,7 +306,7 @@ def _evaluate_and_register(runtime: Runtime, handle: _Run, options: RunOptions) 
     from p2p.embedding_api.modeling import ModelSpec, load_model
     from p2p.training import evaluate
     from p2p.training.config import load_config
-    from p2p.training.dataset import iter_samples
+    from p2p.training.dataset import iter_samples, split_figures
 
     run = handle.load()
     assert run.final_model is not None and run.snapshot_prefix is not None
@@ -317,10 +317,10 @@ def _evaluate_and_register(runtime: Runtime, handle: _Run, options: RunOptions) 
     )
     split = options.eval_split
     counts = (run.snapshot or {}).get("counts", {})
-    if not counts.get(split, {}).get("figures"):
-        split = "val" if split == "test" else "test"
+    if not split_figures(counts, split):
+        split = {"test": "val", "val": "test"}.get(split, split)
     metrics: dict[str, Any] = {"split": split}
-    if counts.get(split, {}).get("figures"):
+    if split_figures(counts, split):
         rows = evaluate.compare_models(
             {"untrained": start, "trained": trained},
             iter_samples(runtime.store, run.snapshot_prefix, split, shuffle_buffer=0, seed=0, epoch=0),

@@ -46,7 +46,8 @@ class RunOptions(_Strict):
     activate: bool = Field(default=False, description="Also activate it (re-embeds the corpus).")
     space: str | None = Field(default=None, description="Space to activate in; default: the configured one.")
     model_version: str | None = Field(default=None, max_length=64, description="Default: run-<id prefix>.")
-    eval_split: Literal["test", "val"] = "test"
+    # val+test: both held-out splits, for corpora whose test split alone is too small to compare on
+    eval_split: Literal["test", "val", "val+test"] = "test"
     eval_max_items: int | None = Field(default=2000, ge=1, description="Figures scored after training.")
     max_restarts: int = Field(default=2, ge=0, le=20, description="Resumes after the trainer is killed.")
     threads: int | None = Field(default=None, ge=1, le=256, description="Torch threads of the trainer.")
