@@ -365,3 +365,26 @@ def test_rectangle_in_the_colour_of_the_stain():
     assert any(
         contains_point(m.target_box, 235, 145) and m.target_box[2] - m.target_box[0] < 140 for m in boxes
     )
+
+
+def test_black_ovals_on_downscaled_lattice_fringes():
+    """A generated figure (lattice fringes, two black ovals, downscaled and saved as JPEG at
+    quality 45): the ring merges with the dark fringes in the wide mask, the near-pure black
+    mask holds the bolder one alone."""
+    import io
+
+    from p2p.mining.synth import generate_figure
+    from p2p.shared.geometry import from_inclusive
+
+    image, truth = generate_figure(1283475995, width=1000, height=800, scale=0.7441)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=45)
+    pixels = np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))
+    panel = truth["panels"][5]
+    circles = [m for m in truth["markers"] if m["panel_index"] == 5 and m["kind"] == "circle"]
+    assert len(circles) == 2  # the figure is still the one this test was written for
+    found = detect_markers(pixels, from_inclusive(panel["box"]))
+    x, y = circles[1]["target_point"]
+    assert any(
+        m.kind in ("circle", "box") and contains_point(m.target_box, x + 0.5, y + 0.5, 8) for m in found
+    )

@@ -1195,6 +1195,29 @@ _TINY_HUE = 25.0  # degrees: blobs of about one hue
 _TINY_ALIKE = 6  # more blobs of the glyph's hue than this in the panel: texture
 
 
+def _strong_outlines(panel: _Panel, name: str) -> list[_Cand]:
+    """Circles and rectangles drawn in pure white or black on a textured picture: in the wider
+    masks the outline merges with dark stripes or bright grain and loses its shape, in the
+    near-pure mask it stands alone."""
+    mask = panel.masks[name]
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    if n <= 1 or n > 400:  # a grain of pure pixels, not a few drawn outlines
+        return []
+    _, big, small, density = _component_measures(stats)
+    keep = (big >= 16) & (small >= 10) & (big <= 0.7 * max(panel.w, panel.h)) & (density <= 0.4)
+    keep[0] = False
+    out: list[_Cand] = []
+    for i in np.flatnonzero(keep)[:20]:
+        x, y, w, h = (int(v) for v in stats[i, :4])
+        sub = labels[y : y + h, x : x + w] == i
+        for kind, score, (rx1, ry1, rx2, ry2) in _outlines(sub, dashed=False):
+            box = (x + rx1, y + ry1, x + rx2, y + ry2)
+            centre = ((box[0] + box[2] - 1) / 2.0, (box[1] + box[3] - 1) / 2.0)
+            region = (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+            out.append(_Cand(kind, box, centre, score, region=region))
+    return out
+
+
 def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
     n, labels, stats = panel.components(name)
     if n <= 1:
@@ -1920,6 +1943,8 @@ def detect_markers(image: np.ndarray, panel_box: Box) -> list[Marker]:
         cands += _dashed_outlines(panel, name)
         cands += _line_rectangles(panel, name)
     cands += _line_rectangles(panel, "colour_any")
+    for name in ("white", "black"):
+        cands += _strong_outlines(panel, name)
     cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]
     if text_zone.any():
         cands = [c for c in cands if not _in_text(c, text_zone)]
