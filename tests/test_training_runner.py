@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -339,3 +340,25 @@ def test_a_save_clears_what_a_killed_save_of_the_same_run_left_in_staging(
     key = ckpt.save_checkpoint(store, "runs/staged", state, keep=2)
     assert key == "runs/staged/step-00000006.pt" and store.exists(key)
     assert list(folder.iterdir()) == []  # the stale file and the save's own staging file are gone
+
+
+def test_torchrun_trains_on_two_cpu_ranks_with_gloo(store: LocalObjectStore, tmp_path: Path) -> None:
+    """The same entry point under torchrun: two ranks join a gloo group, split the data, average
+    gradients, and rank 0 alone reports and writes checkpoints and the final model."""
+    config = tmp_path / "run.json"
+    config.write_text(tiny_cfg(max_steps=4).model_dump_json())
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+        *("-m", "p2p.training", "--config", str(config), "--data", "snap/tiny", "--out", "runs/ddp"),
+        *("--store", str(store.root), "--checkpoint-every", "2", "--progress-every", "1"),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"event"')]
+    assert [e["step"] for e in events if e["event"] == "progress"] == [1, 2, 3, 4]  # rank 0 only
+    (result,) = [e for e in events if e["event"] == "result"]
+    assert result["status"] == "completed" and result["step"] == 4
+    assert result["final_model"] == "runs/ddp/final-model.pt" and store.exists(result["final_model"])
+    state = ckpt.load_latest(store, "runs/ddp")
+    assert state is not None and state.step == 4
