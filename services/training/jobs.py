@@ -315,7 +315,7 @@ def _evaluate_and_register(runtime: Runtime, handle: _Run, options: RunOptions) 
     trained = ModelSpec(
         name=start.name, architecture=start.architecture, config=start.config, source=f"s3:{run.final_model}"
     )
-    split = options.eval_split
+    split: str = options.eval_split
     counts = (run.snapshot or {}).get("counts", {})
     if not split_figures(counts, split):
         split = {"test": "val", "val": "test"}.get(split, split)

@@ -463,11 +463,11 @@ def _inside_candidates(gray: np.ndarray, panels: list[Box], indices: list[int], 
     best = max(len(panels_hit) for panels_hit in found.values())
     # corners found on as many panels as the best: all are read, the reading decides (text
     # overlays such as "x200" in one corner tie with the labels in another)
-    corners = [c for c in found if len(found[c]) == best]
-    if "tl" in corners:
-        corners = ["tl"]
+    tied = [c for c in found if len(found[c]) == best]
+    if "tl" in tied:
+        tied = ["tl"]
     out: list[_Candidate] = []
-    for corner, k, glyphs in ((c, k, g) for c in corners for k, g in found[c].items()):
+    for corner, k, glyphs in ((c, k, g) for c in tied for k, g in found[c].items()):
         # the glyph group closest to the corner first; at most two per panel
         px1, py1, px2, py2 = panels[k]
         side = max(1.0, min(px2 - px1, py2 - py1))
