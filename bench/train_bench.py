@@ -31,6 +31,11 @@ measured in the same run (ratios hold, absolute times do not). Nothing here asse
    from outside every 0.1 s (psutil) and read at the end of each epoch (right after the epoch's last
    progress line). Target: flat from epoch 2 on (growth < 5 % or < 50 MB).
 
+4. Frozen text tower, first epoch (``--skip texts`` to leave out): the texts of ``--text-figures``
+   ``p2p synth`` figures (captions, subcaptions, marker texts) in batches of 8 figures, encoded
+   each alone (the reference: what the trainer did before) and by ``encode_texts`` (a batch's new
+   texts together, in chunks of similar length), alternating, a fresh cache each round.
+
     .venv/bin/python bench/train_bench.py [--quick] [--threads 2] [--out bench/results/train.json]
 """
 
@@ -730,6 +735,62 @@ def resume_and_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 # --- main -------------------------------------------------------------------------------------
 
 
+def synthetic_text_batches(n_figures: int, per_batch: int) -> list[list[str]]:
+    """The texts training meets, batch by batch: ``p2p synth`` captions (with their preamble),
+    subcaptions and marker texts of ``n_figures`` figures, ``per_batch`` figures per batch."""
+    from p2p.mining.synth import generate_figure
+
+    batches: list[list[str]] = []
+    for start in range(0, n_figures, per_batch):
+        texts: list[str] = []
+        for index in range(start, min(start + per_batch, n_figures)):
+            _, truth = generate_figure(SEED * 1_000 + index)
+            texts.append(truth["caption"])
+            texts += [v for k, v in truth["subcaptions"].items() if k != "preamble" and v]
+            texts += [m["text"] for m in truth["markers"] if m.get("text")]
+        batches.append(texts)
+    return batches
+
+
+def text_encoding(n_figures: int, rounds: int) -> dict[str, Any]:
+    """First-epoch cost of the frozen text tower: every new text encoded alone (the reference,
+    what the trainer did before) against ``HierarchicalCLIP.encode_texts`` (a batch's new texts
+    together, in chunks of similar length), on the same texts, alternating, fresh cache each round."""
+    from p2p.embedding_api.modeling import trim_padding
+
+    batches = synthetic_text_batches(n_figures, per_batch=8)
+    unique = len({t for batch in batches for t in batch})
+    model = build_model(load_config({}))
+    clip: Any = model.clip
+    times: dict[str, list[float]] = {"alone": [], "chunked": []}
+    for round_ in range(rounds):
+        for kind in ("alone", "chunked") if round_ % 2 == 0 else ("chunked", "alone"):
+            model.load_text_cache(None)
+            seen: set[str] = set()
+            started = time.perf_counter()
+            with torch.no_grad():
+                for batch in batches:
+                    if kind == "chunked":
+                        model.encode_texts(batch)
+                        continue
+                    for text in dict.fromkeys(batch):
+                        if text not in seen:
+                            seen.add(text)
+                            clip.encode_text(trim_padding(clip, model.tokenizer([text])))
+            times[kind].append(time.perf_counter() - started)
+            log(f"[texts] round {round_} {kind}: {times[kind][-1]:.2f} s for {unique} texts")
+    alone, chunked = median(times["alone"]), median(times["chunked"])
+    return {
+        "figures": n_figures,
+        "unique_texts": unique,
+        "seconds": times,
+        "alone_s": alone,
+        "chunked_s": chunked,
+        "texts_per_s": {"alone": unique / alone, "chunked": unique / chunked},
+        "speedup": alone / chunked,
+    }
+
+
 def machine() -> dict[str, Any]:
     return {
         "nproc": os.cpu_count(),
@@ -754,7 +815,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6, help="epochs of the reference run")
     parser.add_argument("--trials", type=int, default=3, help="kill-and-resume trials")
     parser.add_argument("--checkpoint-every", type=int, default=3)
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: small,vit,resume")
+    parser.add_argument("--text-figures", type=int, default=48, help="synthetic figures for the texts part")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: small,vit,texts,resume")
     args = parser.parse_args()
     if args.quick:
         args.rounds = args.rounds or 2
@@ -796,6 +858,10 @@ def main() -> None:
         report["step_cost"].append(step_cost(label, make_config(), n_figures, args.rounds or rounds))
         ratios = report["step_cost"][-1]["ratios"]
         log(f"[{label}] ratios: {ratios}")
+
+    if "texts" not in skip:
+        report["text_encoding"] = text_encoding(args.text_figures, args.rounds or 3)
+        log(f"[texts] speedup {report['text_encoding']['speedup']:.2f}x")
 
     if "resume" not in skip:
         work = Path(tempfile.mkdtemp(prefix="p2p-train-bench-"))
