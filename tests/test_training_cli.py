@@ -50,7 +50,8 @@ def test_presets_and_dotted_overrides() -> None:
         "lr": {"shared": 3.0, "fine": 2.0}
     }
     small = resolve(None, {"lr": {"fine": 1e-3}})
-    assert small.max_steps == 120 and small.lr.fine == 1e-3 and small.lr.shared == 5e-4
+    assert small.max_steps == 240 and small.schedule == "mixed"
+    assert small.lr.fine == 1e-3 and small.lr.shared == 5e-4
     assert resolve("paper").model.architecture == "ViT-L-14" and resolve("paper").warmup_steps == 1000
     with pytest.raises(TrainConfigError, match="unknown preset 'big'"):
         resolve("big")

@@ -70,7 +70,7 @@ console = Console(stderr=True)
 out = Console()
 
 DEMO_SYNTHETIC_FIGURES = 300
-DEMO_TRAIN_STEPS = 120
+DEMO_TRAIN_STEPS = 240
 DEMO_RUN_NAME = "demo"
 
 
