@@ -85,12 +85,18 @@ def _minilm_path() -> str:
 PACKAGED_MODELS: dict[str, Callable[[], str]] = {MINILM_PACKAGE: _minilm_path}
 
 
+def masked_pad_id(model: torch.nn.Module) -> int | None:
+    """The padding token of a Hugging Face text tower, which masks its padding; None for towers
+    whose padding is part of the input (causal, fixed context)."""
+    pad_id = getattr(getattr(getattr(model, "text", None), "config", None), "pad_token_id", None)
+    return None if pad_id is None else int(pad_id)
+
+
 def trim_padding(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Drop the trailing all-padding token columns for a Hugging Face text tower, which masks its
     padding: they change nothing but cost time (a short query padded to 128 tokens runs ~4x slower
     than trimmed). Other towers (causal, fixed context) get ``tokens`` unchanged."""
-    text = getattr(model, "text", None)
-    pad_id = getattr(getattr(text, "config", None), "pad_token_id", None)
+    pad_id = masked_pad_id(model)
     if pad_id is None or tokens.ndim != 2:
         return tokens
     used = (tokens != pad_id).any(dim=0).nonzero()

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torchvision.ops import roi_align
 
-from p2p.embedding_api.modeling import ModelSpec, load_model, trim_padding
+from p2p.embedding_api.modeling import ModelSpec, load_model, masked_pad_id, trim_padding
 from p2p.shared.storage import ObjectStore
 from p2p.training import losses as L
 from p2p.training.batch import HierBatch
@@ -189,7 +189,7 @@ class HierarchicalCLIP(nn.Module):
                 tokens = self.tokenizer(new).to(device)
                 # Short region texts padded to a long caption's length would cost the caption's
                 # time each: encode the new texts in chunks of similar length.
-                pad_id = getattr(getattr(getattr(clip, "text", None), "config", None), "pad_token_id", None)
+                pad_id = masked_pad_id(clip)
                 lengths = (tokens != pad_id).sum(dim=-1) if pad_id is not None else torch.zeros(len(new))
                 order = torch.argsort(lengths, stable=True)
                 for chunk in order.split(TEXT_ENCODE_CHUNK):
