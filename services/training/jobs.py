@@ -76,11 +76,7 @@ class _Run:
             yield
         finally:
             self.phases[name] = round(self.phases.get(name, 0.0) + time.monotonic() - start, 3)
-            with self.runtime.session() as session:
-                run = session.get(TrainingRun, self.id, with_for_update=True)
-                if run is not None:
-                    run.progress = {**run.progress, "phases": dict(self.phases)}
-                    session.commit()
+            self.update(progress=self.load().progress)  # ``update`` writes the phases into it
 
     def load(self) -> TrainingRun:
         with self.runtime.session() as session:
