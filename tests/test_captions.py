@@ -429,9 +429,28 @@ def test_prostate_convention_per_panel_list() -> None:
 def test_hint_makes_unknown_bare_letters_text() -> None:
     caption = "a Control sample. b Treated sample. c A third sample."
     assert split_caption(caption).labels_in_order == ["a", "b", "c"]
-    hinted = split_caption(caption, labels=["a", "b"])
+    hinted = split_caption(caption, labels=["a", "b"], labels_complete=True)
     assert hinted.labels_in_order == ["a", "b"]
     assert hinted.subcaptions["b"] == "b Treated sample. c A third sample."
+
+
+def test_partial_hint_is_completed_from_the_caption() -> None:
+    # OCR read a, b and d (c unread, the last panel's label unread): the caption's own labels
+    # still cut the text, so b and d do not swallow their neighbours' fragments
+    caption = "Liver. a Control sample. b Treated sample. c A third sample. d Knockout. e Rescue."
+    split = split_caption(caption, labels=["a", "b", "d"])
+    assert split.subcaptions["b"] == "b Treated sample."
+    assert split.subcaptions["d"] == "d Knockout."
+    assert split.subcaptions["c"] == "c A third sample."
+    tail = split_caption("(1) Control. (2) Treated. (3) Knockout. (4) Rescue.", labels=["1", "2"])
+    assert tail.subcaptions["2"] == "(2) Treated."
+
+
+def test_partial_hint_that_disagrees_with_the_caption_is_kept() -> None:
+    # the readings share one label with the caption: too little to trust the caption's reading
+    caption = "a Control sample. b Treated sample. c A third sample."
+    split = split_caption(caption, labels=["a", "x", "y"])
+    assert split.subcaptions["a"] == "a Control sample. b Treated sample. c A third sample."
 
 
 def test_hint_case_and_superset() -> None:

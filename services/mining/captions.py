@@ -1357,8 +1357,42 @@ def _marker_fragments(
     return out
 
 
+def _complete_hint(text: str, labels: list[str]) -> list[str]:
+    """The hint plus the labels the caption itself names, when the two agree on most labels.
+
+    OCR may miss a panel's label (or segmentation a panel): a hint without it would read that
+    panel's text as part of its neighbour's fragment (a bare "c Overview..." that is no known
+    label is text; labels after the last hinted one are text). When the caption's own reading
+    names the hint's labels (all but one at most, and at least two), the labels only the caption
+    names are added, so their text gets cut off and goes to them."""
+    hint = _make_hint(labels)
+    if hint is None or len(hint.keys) < 2:
+        return labels
+    own = _split_unhinted(text)
+    roman = bool(hint.roman)
+    own_keys: dict[Key, str] = {}
+    for lab in own:
+        key = _parse_token(normalize_label(lab), roman)
+        if key is not None and key[0] != 3:
+            own_keys.setdefault(key, lab)
+    agree = sum(key in own_keys for key in hint.keys)
+    extra = [lab for key, lab in own_keys.items() if key not in hint.keys]
+    if not extra or agree < max(2, len(hint.keys) - 1):
+        return labels
+    return [*labels, *extra]
+
+
+@functools.lru_cache(maxsize=256)
+def _split_unhinted(text: str) -> tuple[str, ...]:
+    return tuple(split_caption(text).labels_in_order)
+
+
 def split_caption(
-    caption: str, labels: list[str] | None = None, *, divide_members: bool = False
+    caption: str,
+    labels: list[str] | None = None,
+    *,
+    divide_members: bool = False,
+    labels_complete: bool = False,
 ) -> CaptionSplit:
     """Split a figure caption into per-panel subcaptions (verbatim convention, see module doc).
 
@@ -1370,9 +1404,14 @@ def split_caption(
     ``labels``: the panel labels found in the image, when known. They settle ambiguous tokens
     (a bare "a" that is no known label is text; "i" is a roman numeral when the labels are) and
     every one of them gets a subcaption. They may be a subset or superset of what the caption
-    names and may differ in case.
+    names and may differ in case. By default they are read as what OCR found in the image, which
+    may miss panels: when they agree with the caption's own labels, the labels only the caption
+    names are added. ``labels_complete``: the labels are every panel of the figure (annotations),
+    so a caption label outside them is text (a caption may go on about panels not shown).
     """
     text = caption if isinstance(caption, str) else ""
+    if labels is not None and not labels_complete and text.strip():
+        labels = _complete_hint(text, labels)
     hint = _make_hint(labels)
     hint_labels = [lab for lab in (labels or []) if lab and normalize_label(lab)]
     if not text.strip():

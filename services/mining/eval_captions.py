@@ -169,12 +169,14 @@ def paren_split_baseline_verbatim(caption: str, labels: list[str]) -> dict[str, 
     return out
 
 
+# The records' labels are annotations of every panel, not OCR readings that may miss some.
 def splitter_prostate(caption: str, labels: list[str]) -> dict[str, str]:
-    return to_prostate_convention(split_caption(caption, labels=labels, divide_members=True))
+    split = split_caption(caption, labels=labels, divide_members=True, labels_complete=True)
+    return to_prostate_convention(split)
 
 
 def splitter_verbatim(caption: str, labels: list[str]) -> dict[str, str]:
-    return split_caption(caption, labels=labels).subcaptions
+    return split_caption(caption, labels=labels, labels_complete=True).subcaptions
 
 
 def load_prostate(path: Path) -> list[tuple[str, str, list[str], dict[str, str]]]:
@@ -221,7 +223,7 @@ def evaluate_real_figures(annotations_path: Path, keep_failures: int = 0) -> dic
     preamble_exact = 0
     for name, caption, labels, _ in records:
         gold = data[name].get("subcaptions", {}).get("preamble", "")
-        got = split_caption(caption, labels=labels).preamble
+        got = split_caption(caption, labels=labels, labels_complete=True).preamble
         preamble_exact += normalize_for_compare(got, []) == normalize_for_compare(gold, [])
     return {
         "captions": len(records),
