@@ -345,3 +345,29 @@ def test_touching_dark_fluorescence_images_split_by_their_hue() -> None:
     boxes = sorted(p.box for p in segment_panels(image))
     assert len(boxes) == 2
     assert abs(boxes[0][3] - 320) <= 3 and abs(boxes[1][1] - 320) <= 3
+
+
+def _fused_label_figure() -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
+    """A wide image above two touching images of one stain; the lower images' labels sit in a
+    narrow gutter, fused to the bottom edge of the image above."""
+    rng = np.random.default_rng(11)
+    image = canvas(520, 470)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    draw.text((10, 2), "A", fill=(0, 0, 0), font=font(16))
+    for x, text in ((10, "B"), (262, "C")):
+        # the capitals' tops touch the image above: they start on its last row
+        top_offset = draw.textbbox((0, 0), text, font=font(16))[1]
+        draw.text((x, 221 - top_offset), text, fill=(0, 0, 0), font=font(16))
+    image[:] = np.asarray(pil)
+    image[22:222, 10:510] = texture(rng, 500, 200, 110)
+    truth = [(10.0, 22.0, 510.0, 222.0)]
+    for x1, x2 in ((10, 262), (262, 510)):
+        image[242:462, x1:x2] = texture(rng, x2 - x1, 220, 112)
+        truth.append((float(x1), 242.0, float(x2), 462.0))
+    return image, truth
+
+
+def test_labels_fused_to_an_image_edge_still_head_their_panels() -> None:
+    image, truth = _fused_label_figure()
+    assert_matches(segment_panels(image), truth, 0.9)

@@ -31,6 +31,7 @@ is kept briefly so that ``p2p.mining.cpu.labels.find_labels`` does not redo it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from dataclasses import dataclass
@@ -646,10 +647,9 @@ class _EdgeMaps:
         return np.diff(rows) / float(max(1, x2 - x1))
 
 
-def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | None:
-    """Offset of a straight boundary through the whole part (0: vertical line, 1: horizontal):
-    a line of background colour, or a colour step present in most rows that stands far above the
-    steps next to it (two images touching, 0-px gutter)."""
+def _gutter_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | None:
+    """Offset of a line of background colour through the whole part (0: vertical line, 1:
+    horizontal): the surest boundary, so it is looked for on both axes before any seam."""
     x1, y1, x2, y2 = box
     length = (x2 - x1) if axis == 0 else (y2 - y1)
     margin = max(3, round(3 * u))
@@ -659,9 +659,13 @@ def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis:
     white = 1.0 - ink
     dense_part = float(ink.mean()) >= 0.85
     if dense_part:  # inside an image, a line of background colour separates two
-        separators = np.flatnonzero(white[margin : length - margin] >= 0.9)
+        inner_white = white[margin : length - margin]
+        separators = np.flatnonzero(inner_white >= 0.9)
         if separators.size:
-            return int(separators[separators.size // 2]) + margin
+            # the whitest line: in a gutter holding labels, the cut passes beside the labels,
+            # not through them
+            best = separators[inner_white[separators] >= float(inner_white[separators].max()) - 1e-9]
+            return int(best[best.size // 2]) + margin
     else:
         # a blob bridged only across a narrow gutter (1-2 px, or JPEG specks in it): a line with
         # no ink at all through the whole part cannot cross a panel (its axes or image would)
@@ -682,6 +686,18 @@ def _best_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis:
                 hi += 1
             if hi - lo <= 4 and ink[lo] >= 0.9 and ink[hi] >= 0.9:
                 return c
+    return None
+
+
+def _seam_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | None:
+    """Offset of a colour step present in most rows that stands far above the steps next to it,
+    or of a change of texture (two images touching, 0-px gutter)."""
+    x1, y1, x2, y2 = box
+    length = (x2 - x1) if axis == 0 else (y2 - y1)
+    margin = max(3, round(3 * u))
+    if length < 2 * margin + 3:
+        return None
+    dense_part = float(edges.profile("ink", box, axis).mean()) >= 0.85
     strength = edges.profile("step", box, axis)
     inner = strength[margin : length - margin]
     if inner.size == 0 or float(inner.max()) < 20.0:
@@ -800,8 +816,15 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
     fill = float(mask[y1:y2, x1:x2].mean())
     if fill < 0.85 and (x2 - x1) * (y2 - y1) < 0.1 * mask.size:
         return [box]
-    for axis in (0, 1):
-        offset = _best_split(mask, edges, box, u, axis)
+    # gutters on either axis first: a seam found first could cut across an image the gutter
+    # would have left whole (a seam between two touching images below a wider one)
+    tries = [(_gutter_split, axis) for axis in (0, 1)] + [(_seam_split, axis) for axis in (0, 1)]
+    for finder, axis in tries:
+        offset = (
+            _gutter_split(edges, box, u, axis)
+            if finder is _gutter_split
+            else _seam_split(mask, edges, box, u, axis)
+        )
         if offset is None:
             continue
         if axis == 0:
@@ -1065,6 +1088,19 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
     edges.mask = content.astype(bool)
     edges._cache.pop("ink", None)
     parts, major = _parts(edges.mask, edges, u)
+    if not given:
+        # labels printed against an image's edge (0-2 px gutters) are fused to it
+        for k, part in enumerate(parts):
+            if not major[k]:
+                continue
+            body, fringe = _trim_fringes(content, part, u)
+            if not fringe:
+                continue
+            parts[k] = body
+            for x1, y1, x2, y2 in fringe:
+                content[y1:y2, x1:x2] = 0
+                candidate_boxes.append((x1, y1, x2, y2))
+    parts, major = _split_at_labels(content, edges, parts, major, candidate_boxes, u)
     label_boxes, anchors = _anchor_labels(candidate_boxes, parts, major, glyphs.stats, u, trust=bool(given))
     # rejected guesses are ordinary content again
     if not given:
@@ -1148,6 +1184,139 @@ def _parts(content: np.ndarray, edges: _EdgeMaps, u: float) -> tuple[list[IntBox
             parts.append(piece)
             major.append(_is_major(content, piece, u))
     return parts, major
+
+
+def _split_at_labels(
+    content: np.ndarray,
+    edges: _EdgeMaps,
+    parts: list[IntBox],
+    major: list[bool],
+    labels: list[IntBox],
+    u: float,
+) -> tuple[list[IntBox], list[bool]]:
+    """Each label marks one panel: an image part headed by a label at its top-left corner and
+    by more labels of that size further along its top edge (or down its left side) holds as
+    many images, touching without a seam the colour or texture tests see (two fields of one
+    stain). Each is cut off where the first label's offset from the part's corner puts it,
+    moved to the strongest line of colour steps close by."""
+    out_parts: list[IntBox] = []
+    out_major: list[bool] = []
+    for part, is_major in zip(parts, major, strict=True):
+        x1, y1, x2, y2 = part
+        if not is_major or float(content[y1:y2, x1:x2].mean()) < 0.85:
+            out_parts.append(part)
+            out_major.append(is_major)
+            continue
+        pieces = _cut_at_labels(content, edges, part, labels, u, 0)
+        out_parts.extend(pieces)
+        out_major.extend(_is_major(content, piece, u) for piece in pieces)
+    return out_parts, out_major
+
+
+def _cut_at_labels(
+    content: np.ndarray, edges: _EdgeMaps, part: IntBox, labels: list[IntBox], u: float, depth: int
+) -> list[IntBox]:
+    x1, y1, x2, y2 = part
+    if depth > 6:
+        return [part]
+    heads = [
+        b
+        for b in labels
+        if abs(b[0] - x1) <= 2.5 * (b[3] - b[1])
+        and y1 - 3 * (b[3] - b[1]) <= b[1] <= y1 + 2.5 * (b[3] - b[1])
+        and b[2] < x2
+    ]
+    if not heads:
+        return [part]
+    head = min(heads, key=lambda b: abs(b[0] - x1) + abs(b[1] - y1))
+    gh = head[3] - head[1]
+    like = [b for b in labels if b != head and 0.7 * gh <= b[3] - b[1] <= 1.4 * gh]
+    tol = max(2.0, 0.4 * gh)
+    row = sorted(b[0] for b in like if abs(b[1] - head[1]) <= tol and x1 + 3 * gh < b[0] < x2 - 3 * gh)
+    column = sorted(b[1] for b in like if abs(b[0] - head[0]) <= tol and y1 + 3 * gh < b[1] < y2 - 3 * gh)
+    for axis, starts in ((0, row), (1, column)):
+        if not starts:
+            continue
+        lo = x1 if axis == 0 else y1
+        offset = (head[0] - x1) if axis == 0 else (head[1] - y1)
+        strength = edges.profile("step", part, axis)
+        cuts: list[int] = []
+        for start in starts:
+            expected = start - offset - lo  # part-relative
+            a = max(int(expected - gh), (cuts[-1] if cuts else 0) + round(3 * gh))
+            b = min(int(expected + gh) + 1, strength.size - round(3 * gh))
+            if b <= a:
+                continue
+            window = strength[a:b]
+            around = strength[max(0, a - 3 * gh) : b + 3 * gh]
+            peak = int(np.argmax(window))
+            strong = float(window[peak]) >= 1.5 * float(np.median(around)) + 4.0
+            cut = a + peak if strong else int(np.clip(round(expected), a, b - 1))
+            cuts.append(cut)
+        if not cuts:
+            continue
+        bounds = [0, *cuts, strength.size]
+        pieces: list[IntBox] = []
+        for start, stop in itertools.pairwise(bounds):
+            box = (x1 + start, y1, x1 + stop, y2) if axis == 0 else (x1, y1 + start, x2, y1 + stop)
+            tight = _tight(content, box)
+            if tight is not None:
+                pieces.extend(_cut_at_labels(content, edges, tight, labels, u, depth + 1))
+        return pieces
+    return [part]
+
+
+def _trim_fringes(content: np.ndarray, box: IntBox, u: float) -> tuple[IntBox, list[IntBox]]:
+    """An image part without the glyph groups stuck to its edges: rows (columns) along an edge
+    that hold only a little ink, above (beside) rows that the image fills, are label-sized text
+    fused to the image across a 0-2 px gutter. Returns the image's box and the groups' boxes."""
+    x1, y1, x2, y2 = box
+    crop = content[y1:y2, x1:x2]
+    if crop.size == 0 or float(crop.mean()) < 0.7:
+        return box, []
+    lo_depth, hi_depth = max(3, round(0.5 * u)), max(6, round(3.0 * u))
+    strips: list[IntBox] = []
+    for axis in (0, 1):  # 0: top/bottom rows, 1: left/right columns
+        fill = crop.mean(axis=1 - axis)
+        size = fill.size
+        if size < 3 * hi_depth:
+            continue
+        for from_end in (False, True):
+            seq = fill[::-1] if from_end else fill
+            solid = np.flatnonzero(seq > 0.45)
+            if solid.size == 0:
+                continue
+            depth = int(solid[0])
+            if not lo_depth <= depth <= hi_depth or float(seq[:depth].max()) > 0.45:
+                continue
+            if float(seq[depth : depth + hi_depth].mean()) < 0.85:
+                continue  # no image body behind the strip: the part is not one image
+            start, stop = (size - depth, size) if from_end else (0, depth)
+            if axis == 0:
+                strips.append((0, start, crop.shape[1], stop))
+            else:
+                strips.append((start, 0, stop, crop.shape[0]))
+    if not strips:
+        return box, []
+    groups: list[IntBox] = []
+    keep = np.ones(crop.shape, dtype=bool)
+    for sx1, sy1, sx2, sy2 in strips:
+        keep[sy1:sy2, sx1:sx2] = False
+        strip = crop[sy1:sy2, sx1:sx2].astype(np.uint8)
+        # the glyphs of one label stand closer than half a glyph height
+        joined = cv2.dilate(strip, np.ones((1, max(3, round(0.5 * u))), np.uint8))
+        n, _, stats, _ = cv2.connectedComponentsWithStats(joined, connectivity=8)
+        for cid in range(1, n):
+            gx, gy, gw, gh = (int(v) for v in stats[cid, :4])
+            tight = _tight(content, (x1 + sx1 + gx, y1 + sy1 + gy, x1 + sx1 + gx + gw, y1 + sy1 + gy + gh))
+            if tight is not None:
+                groups.append(tight)
+    rows = np.flatnonzero((crop & keep).any(axis=1))
+    cols = np.flatnonzero((crop & keep).any(axis=0))
+    if rows.size == 0:
+        return box, []
+    trimmed = (x1 + int(cols[0]), y1 + int(rows[0]), x1 + int(cols[-1]) + 1, y1 + int(rows[-1]) + 1)
+    return trimmed, groups
 
 
 def _is_major(content: np.ndarray, box: IntBox, u: float) -> bool:
