@@ -371,3 +371,32 @@ def _fused_label_figure() -> tuple[np.ndarray, list[tuple[float, float, float, f
 def test_labels_fused_to_an_image_edge_still_head_their_panels() -> None:
     image, truth = _fused_label_figure()
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def _speckled_label_figure() -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
+    """Two images, each under a "(x)" label a few pixels above it, with JPEG-like specks in and
+    under the label's line."""
+    rng = np.random.default_rng(12)
+    image = canvas(640, 300)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    truth = []
+    for x, text in ((10, "(a)"), (330, "(b)")):
+        draw.text((x, 8), text, fill=(0, 0, 0), font=font(22))
+        truth.append((float(x), 40.0, float(x + 300), 290.0))
+    image[:] = np.asarray(pil)
+    for x, _, _, _ in truth:
+        # single-pixel specks just under the line, from the last column of the "(" on
+        ink = image[:40, int(x) : int(x) + 60].min(axis=2) < 225
+        cols, rows = np.flatnonzero(ink.any(axis=0)), np.flatnonzero(ink.any(axis=1))
+        paren_end = int(x) + int(cols[np.flatnonzero(np.diff(cols) > 1)[0]])
+        for dx in range(0, 24, 4):
+            image[int(rows[-1]) + 2 + dx % 3, paren_end + dx] = 150
+    for x1, y1, x2, y2 in truth:
+        image[int(y1) : int(y2), int(x1) : int(x2)] = texture(rng, int(x2 - x1), int(y2 - y1), 120)
+    return image, truth
+
+
+def test_specks_beside_a_label_do_not_hide_it() -> None:
+    image, truth = _speckled_label_figure()
+    assert_matches(segment_panels(image), truth, 0.97)

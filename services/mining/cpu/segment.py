@@ -239,7 +239,8 @@ def _label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray
     hmax = max(3.2 * u, 0.045 * max(height, width))
     ids = np.arange(n)
     glyph = (ids > 0) & (h >= hmin) & (h <= hmax) & (w <= 1.6 * h + 2)
-    small = (ids > 0) & (h <= hmax) & (w <= 1.6 * hmax)
+    # specks are no longer ink (segment_panels cleared them) and must not pass for glyphs
+    small = (ids > 0) & (h <= hmax) & (w <= 1.6 * hmax) & (stats[:, 4] > SPECK_AREA)
     small_ids = ids[small]
     order = small_ids[np.argsort(x[small_ids], kind="stable")]
     xs_sorted = x[order]
@@ -1274,7 +1275,8 @@ def _trim_fringes(content: np.ndarray, box: IntBox, u: float) -> tuple[IntBox, l
     crop = content[y1:y2, x1:x2]
     if crop.size == 0 or float(crop.mean()) < 0.7:
         return box, []
-    lo_depth, hi_depth = max(3, round(0.5 * u)), max(6, round(3.0 * u))
+    # as tall as the label guesses of _label_candidates may be
+    lo_depth, hi_depth = max(3, round(0.5 * u)), max(6, round(max(3.2 * u, 0.045 * max(content.shape))))
     strips: list[IntBox] = []
     for axis in (0, 1):  # 0: top/bottom rows, 1: left/right columns
         fill = crop.mean(axis=1 - axis)
