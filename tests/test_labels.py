@@ -76,6 +76,34 @@ def test_reading_order_rows_then_columns() -> None:
     assert reading_order([]) == []
 
 
+def test_column_by_column_labels_choose_the_column_order() -> None:
+    # a 2x3 grid labelled down each column: a, b in the first column, c, d, then e, f
+    boxes = [(20 + 200 * c, 20 + 200 * r, 200 + 200 * c, 200 + 200 * r) for r in range(2) for c in range(3)]
+    panels = [panel(b) for b in boxes]
+    text_at = {0: "a", 3: "b", 1: "c", 4: "d", 2: "e"}  # the last panel's label is unread
+    dets = [
+        detection(t, (boxes[k][0] - 16, boxes[k][1] - 16, boxes[k][0] - 4, boxes[k][1] - 2))
+        for k, t in text_at.items()
+    ]
+    assert assign_labels(panels, dets) == ["a", "c", "e", "b", "d", "f"]
+    assert reading_order(panels) == [0, 1, 2, 3, 4, 5]
+    assert reading_order(panels, ["a", "c", "e", "b", "d", None]) == [0, 3, 1, 4, 2, 5]
+
+
+def test_block_then_column_is_no_row_gutter() -> None:
+    # a block of two rows (i-iv) with a column of four panels beside it (v-viii): the block's row
+    # gutter does not run across the column, whose second panel overlaps both rows a little
+    block = [(0, 0, 100, 160), (110, 0, 210, 160), (0, 170, 140, 330), (150, 170, 210, 330)]
+    column = [(220, 0, 420, 80), (220, 90, 420, 175), (220, 185, 420, 255), (220, 265, 420, 330)]
+    panels = [panel(b) for b in block + column]
+    names = ["i", "ii", "iii", "iv", "v", "vi", "vii", "viii"]
+    dets = [
+        detection(t, (b[0] + 2, b[1] + 2, b[0] + 4 + 5 * len(t), b[1] + 12))
+        for t, b in zip(names, block + column, strict=True)
+    ]
+    assert assign_labels(panels, dets) == names
+
+
 def test_assign_labels_pairs_each_label_with_the_panel_it_heads() -> None:
     panels = [panel((20, 20, 200, 200)), panel((240, 20, 420, 200)), panel((20, 240, 200, 420))]
     labels = [

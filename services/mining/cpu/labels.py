@@ -646,35 +646,66 @@ def _count_strokes(crop: np.ndarray, raw: str, text: str) -> str:
 # reading order and assignment
 
 
-def reading_order(panels: Sequence[PanelCandidate | Box]) -> list[int]:
+def reading_order(
+    panels: Sequence[PanelCandidate | Box], labels: Sequence[str | None] | None = None
+) -> list[int]:
     """Panel indices in reading order: rows top to bottom, left to right within a row, following
-    whole-figure gutters first (so a column of stacked panels is read before the next column)."""
+    whole-figure gutters first (so a column of stacked panels is read before the next column).
+
+    With ``labels`` (one per panel, None where unread), the order among ``reading_orders`` in
+    which the labels run as one a, b, c... series best: figures labelled column by column, or
+    a block read before the column beside it."""
+    orders = reading_orders(panels)
+    if labels is None or len(orders) < 2:
+        return orders[0] if orders else []
+    texts = {i: text for i, text in enumerate(labels) if text}
+    return _best_order(orders, texts, set(texts))[0]
+
+
+# (axis cut first at the top level, axis cut first below it, overlap tolerated between boxes on
+# either side of a gutter as a fraction of the later box's size); 1: rows, 0: columns. The
+# default first: rows first everywhere, slightly overlapping boxes tolerated.
+_ORDER_POLICIES = tuple(
+    (top, below, slack) for slack in (0.1, 0.0) for top, below in ((1, 1), (0, 0), (0, 1), (1, 0))
+)
+
+
+def reading_orders(panels: Sequence[PanelCandidate | Box]) -> list[list[int]]:
+    """Distinct candidate reading orders, the default (``reading_order``) first.
+
+    Recursive cuts along whole gutters, rows first or columns first (at the top level and below
+    it: a block read row by row before the column beside it); with or without tolerating
+    boxes that overlap a little across a gutter (segmentation slack, or a real overlap between a
+    block's row and the column beside it, which is no gutter)."""
     boxes = [p.box if isinstance(p, PanelCandidate) else p for p in panels]
     if not boxes:
         return []
+    orders: list[list[int]] = []
+    for top, below, slack in _ORDER_POLICIES:
+        order = _cut_order(boxes, list(range(len(boxes))), top, below, slack)
+        if order not in orders:
+            orders.append(order)
+    return orders
 
-    def cut(indices: list[int]) -> list[int]:
-        if len(indices) <= 1:
-            return indices
-        for axis in (1, 0):  # 1: horizontal gutter (rows), 0: vertical gutter (columns)
-            lo, hi = (1, 3) if axis == 1 else (0, 2)
-            spans = sorted((boxes[i][lo], boxes[i][hi], i) for i in indices)
-            groups: list[list[int]] = []
-            reach = -np.inf
-            for start, end, i in spans:
-                # tolerate slight overlaps (boxes that touch or nearly touch)
-                size = end - start
-                if groups and start < reach - 0.1 * size:
-                    groups[-1].append(i)
-                    reach = max(reach, end)
-                else:
-                    groups.append([i])
-                    reach = end
-            if len(groups) > 1:
-                return [k for g in groups for k in cut(g)]
-        return sorted(indices, key=lambda i: (boxes[i][1], boxes[i][0]))
 
-    return cut(list(range(len(boxes))))
+def _cut_order(boxes: Sequence[Box], indices: list[int], first: int, below: int, slack: float) -> list[int]:
+    if len(indices) <= 1:
+        return indices
+    for axis in (first, 1 - first):  # 1: horizontal gutter (rows), 0: vertical gutter (columns)
+        lo, hi = (1, 3) if axis == 1 else (0, 2)
+        spans = sorted((boxes[i][lo], boxes[i][hi], i) for i in indices)
+        groups: list[list[int]] = []
+        reach = -np.inf
+        for start, end, i in spans:
+            if groups and start < reach - slack * (end - start):
+                groups[-1].append(i)
+                reach = max(reach, end)
+            else:
+                groups.append([i])
+                reach = end
+        if len(groups) > 1:
+            return [k for g in groups for k in _cut_order(boxes, g, below, below, slack)]
+    return sorted(indices, key=lambda i: (boxes[i][1], boxes[i][0]))
 
 
 def _style(text: str) -> str:
@@ -789,42 +820,61 @@ def assign_labels(panels: Sequence[PanelCandidate], labels: Sequence[LabelDetect
         chosen[pi] = labels[li]
     if not chosen:
         return result
-    order = reading_order(panels)
     texts: dict[int, str] = {pi: det.text for pi, det in chosen.items()}
     confidence = {pi: det.confidence for pi, det in chosen.items()}
-    texts = _repair_sequence(order, texts, confidence)
+    texts = _repair_sequence(reading_orders(panels), texts, confidence)
     for pi, text in texts.items():
         result[pi] = text
     return result
 
 
-def _repair_sequence(order: list[int], texts: dict[int, str], confidence: dict[int, float]) -> dict[int, str]:
+def _main_style(texts: dict[int, str], strong: set[int]) -> str:
+    voters = [t for pi, t in texts.items() if pi in strong] or list(texts.values())
+    counts: dict[str, int] = {}
+    for t in voters:
+        # a lone i, v or x may be a letter or a roman numeral: it votes for both
+        for s in {_style(t), *(["roman"] if t in ("i", "v", "x") else [])}:
+            counts[s] = counts.get(s, 0) + 1
+    return max(counts, key=lambda s: (counts[s], s != "other", s != "roman"))
+
+
+def _best_order(
+    orders: list[list[int]], texts: dict[int, str], strong: set[int]
+) -> tuple[list[int], int, str]:
+    """The reading order (and offset into the series) under which most readings, strong ones
+    counted twice, are what the a, b, c... series expects at their rank; earlier orders win ties.
+    Returns (order, offset, style)."""
+    main = _main_style(texts, strong) if texts else "other"
+    series = _series(main)
+    best_order, best_offset, best = orders[0], 0, (-1, -1)
+    for order in orders:
+        positions = {pi: rank for rank, pi in enumerate(order)}
+        for offset in range(-len(order), len(series)):
+            fit = exact = 0
+            for pi, text in texts.items():
+                index = positions[pi] + offset
+                if 0 <= index < len(series) and series[index] in _options(text):
+                    fit += 1 + int(pi in strong)
+                    exact += int(series[index] == text)
+            if (fit, exact) > best:
+                best_order, best_offset, best = order, offset, (fit, exact)
+    return best_order, best_offset, main
+
+
+def _repair_sequence(
+    orders: list[list[int]], texts: dict[int, str], confidence: dict[int, float]
+) -> dict[int, str]:
     """Fix confusable readings so the labels, in reading order, form one consecutive series.
+    The reading order is the one of ``orders`` under which the readings fit the series best.
 
     Weak readings (confidence below ``STRONG_SCORE``) survive only when the series confirms them;
     a panel whose reading does not fit (or that has none) gets the label the series expects there
     when its neighbours in reading order carry the expected labels.
     """
     strong = {pi: t for pi, t in texts.items() if confidence.get(pi, 0.0) >= STRONG_SCORE}
-    voters = strong or texts
-    counts: dict[str, int] = {}
-    for t in voters.values():
-        # a lone i, v or x may be a letter or a roman numeral: it votes for both
-        for s in {_style(t), *(["roman"] if t in ("i", "v", "x") else [])}:
-            counts[s] = counts.get(s, 0) + 1
-    main = max(counts, key=lambda s: (counts[s], s != "other", s != "roman"))
+    order, best_offset, main = _best_order(orders, texts, set(strong))
     series = _series(main)
     positions = {pi: rank for rank, pi in enumerate(order)}
-    best_offset, best = 0, (-1, -1)
-    for offset in range(-len(order), len(series)):
-        fit = exact = 0
-        for pi, text in texts.items():
-            index = positions[pi] + offset
-            if 0 <= index < len(series) and series[index] in _options(text):
-                fit += 1 + int(pi in strong)
-                exact += int(series[index] == text)
-        if (fit, exact) > best:
-            best_offset, best = offset, (fit, exact)
     fitting = {
         pi
         for pi, text in texts.items()
