@@ -400,3 +400,48 @@ def _speckled_label_figure() -> tuple[np.ndarray, list[tuple[float, float, float
 def test_specks_beside_a_label_do_not_hide_it() -> None:
     image, truth = _speckled_label_figure()
     assert_matches(segment_panels(image), truth, 0.97)
+
+
+def test_seam_along_the_whole_figure_is_cut_before_one_along_a_row() -> None:
+    """Four touching images whose columns do not line up: the seam between the rows runs along
+    (nearly) the whole width, the seam inside the taller lower row along most of the height only;
+    cutting that one first would split the upper images too."""
+    rng = np.random.default_rng(13)
+    image = canvas(620, 480)
+    cells = [((10, 10, 410, 170), 60), ((410, 10, 610, 170), 150), ((10, 170, 310, 470), 150)]
+    cells.append(((310, 170, 610, 470), 60))
+    truth = []
+    for (x1, y1, x2, y2), level in cells:
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, level)
+        truth.append((float(x1), float(y1), float(x2), float(y2)))
+    assert_matches(segment_panels(image), truth, 0.9)
+
+
+def _label_touching_image_above() -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
+    """A 2x2 grid of touching images, labels over each; the "C" touches a light streak running
+    out of the image above, so its glyph component reaches up into that image."""
+    rng = np.random.default_rng(14)
+    image = canvas(620, 500)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    truth = []
+    for row, y in enumerate((26, 266)):
+        for col, x in enumerate((10, 310)):
+            text = "ABCD"[2 * row + col]
+            top_offset = draw.textbbox((0, 0), text, font=font(16))[1]
+            draw.text((x, y - 18 - top_offset), text, fill=(0, 0, 0), font=font(16))
+            truth.append((float(x), float(y), float(x + 300), float(y + 220)))
+    image[:] = np.asarray(pil)
+    for k, (x1, y1, x2, y2) in enumerate(truth):
+        image[int(y1) : int(y2), int(x1) : int(x2)] = texture(
+            rng, int(x2 - x1), int(y2 - y1), (70, 140)[k % 2]
+        )
+    # the upper image's corner is light (background colour) but for a streak down to the "C"
+    image[232:246, 10:30] = 255
+    image[236:251, 13:15] = 150
+    return image, truth
+
+
+def test_label_touching_a_streak_of_the_image_above_still_heads_its_panel() -> None:
+    image, truth = _label_touching_image_above()
+    assert_matches(segment_panels(image), truth, 0.9)

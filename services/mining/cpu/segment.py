@@ -690,15 +690,24 @@ def _gutter_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | N
     return None
 
 
-def _seam_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | None:
+def _seam_split(
+    mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis: int, *, texture: bool
+) -> tuple[int, float] | None:
     """Offset of a colour step present in most rows that stands far above the steps next to it,
-    or of a change of texture (two images touching, 0-px gutter)."""
+    or (``texture``) of a change of texture (two images touching, 0-px gutter), with the share
+    of the line that shows it."""
     x1, y1, x2, y2 = box
     length = (x2 - x1) if axis == 0 else (y2 - y1)
     margin = max(3, round(3 * u))
     if length < 2 * margin + 3:
         return None
     dense_part = float(edges.profile("ink", box, axis).mean()) >= 0.85
+    if texture:
+        # A seam only texture shows is looked for in big blocks of images only: touching panels
+        # that merged into one (0-px gutters). Within one panel-sized image, a straight change
+        # of texture is as often content (a heat map's column, a group's sub-images) as a seam.
+        big = (x2 - x1) * (y2 - y1) >= TEXTURE_MIN_AREA * mask.size
+        return _texture_split(edges, box, u, axis) if dense_part and big else None
     strength = edges.profile("step", box, axis)
     inner = strength[margin : length - margin]
     if inner.size == 0 or float(inner.max()) < 20.0:
@@ -732,12 +741,8 @@ def _seam_split(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis:
             after = mlines[c + 1 : c + 1 + band].mean(axis=0)
             if float((np.maximum(before, after) >= 0.9).mean()) < 0.8:
                 continue
-        return c
-    # A seam only texture shows is looked for in big blocks of images only: touching panels
-    # that merged into one (0-px gutters). Within one panel-sized image, a straight change of
-    # texture is as often content (a heat map's column, a group's sub-images) as a seam.
-    big = (x2 - x1) * (y2 - y1) >= TEXTURE_MIN_AREA * mask.size
-    return _texture_split(edges, box, u, axis) if dense_part and big else None
+        return c, contrast
+    return None
 
 
 TEXTURE_MIN_AREA = 0.25  # of the figure: parts this big may hold touching panels
@@ -746,7 +751,7 @@ TEXTURE_BLOCK = 16  # px along the line per comparison
 TEXTURE_AGREEMENT = 0.85  # of the blocks that must differ across the line
 
 
-def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | None:
+def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> tuple[int, float] | None:
     """A straight line across which the picture changes along (nearly) its whole length: two
     images touching without a gutter whose seam is no stronger than their texture (a calm CT next
     to stripes or a field of dots, where the seam's step drowns among the texture's steps).
@@ -805,7 +810,8 @@ def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | 
     # the seam itself: where narrow bands right beside the line differ most
     _, sharp = differ(1, 2)
     score = np.where(seam, sharp.mean(axis=1), -np.inf)
-    return int(cs[int(np.argmax(score))])
+    best = int(np.argmax(score))
+    return int(cs[best]), float(agreement[best])
 
 
 def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, depth: int = 0) -> list[IntBox]:
@@ -818,16 +824,27 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
     if fill < 0.85 and (x2 - x1) * (y2 - y1) < 0.1 * mask.size:
         return [box]
     # gutters on either axis first: a seam found first could cut across an image the gutter
-    # would have left whole (a seam between two touching images below a wider one)
-    tries = [(_gutter_split, axis) for axis in (0, 1)] + [(_seam_split, axis) for axis in (0, 1)]
-    for finder, axis in tries:
-        offset = (
-            _gutter_split(edges, box, u, axis)
-            if finder is _gutter_split
-            else _seam_split(mask, edges, box, u, axis)
-        )
-        if offset is None:
-            continue
+    # would have left whole (a seam between two touching images below a wider one); of two
+    # seams, the one along more of its line (the other may run along one row of images only)
+    found: tuple[int, int] | None = None
+    for axis in (0, 1):
+        offset = _gutter_split(edges, box, u, axis)
+        if offset is not None:
+            found = (axis, offset)
+            break
+    for texture in (False, True):
+        if found is not None:
+            break
+        seams = [
+            (seam, axis)
+            for axis in (0, 1)
+            if (seam := _seam_split(mask, edges, box, u, axis, texture=texture))
+        ]
+        if seams:
+            (offset, _), axis = max(seams, key=lambda item: item[0][1])
+            found = (axis, offset)
+    if found is not None:
+        axis, offset = found
         if axis == 0:
             left, right = (x1, y1, x1 + offset, y2), (x1 + offset, y1, x2, y2)
         else:
@@ -1101,6 +1118,8 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
             for x1, y1, x2, y2 in fringe:
                 content[y1:y2, x1:x2] = 0
                 candidate_boxes.append((x1, y1, x2, y2))
+    if not given:
+        candidate_boxes = [_clip_out_of_parts(mask, box, parts, major) for box in candidate_boxes]
     parts, major = _split_at_labels(content, edges, parts, major, candidate_boxes, u)
     label_boxes, anchors = _anchor_labels(candidate_boxes, parts, major, glyphs.stats, u, trust=bool(given))
     # rejected guesses are ordinary content again
@@ -1185,6 +1204,30 @@ def _parts(content: np.ndarray, edges: _EdgeMaps, u: float) -> tuple[list[IntBox
             parts.append(piece)
             major.append(_is_major(content, piece, u))
     return parts, major
+
+
+def _clip_out_of_parts(mask: np.ndarray, box: IntBox, parts: list[IntBox], major: list[bool]) -> IntBox:
+    """A label guess whose glyph touches the light edge pixels of an image above (beside) it
+    reaches into that image: it ends at the image's edge (it would be too tall for a label)."""
+    x1, y1, x2, y2 = box
+    for part, is_major in zip(parts, major, strict=True):
+        if not is_major or not _overlaps((x1, y1, x2, y2), part):
+            continue
+        px1, py1, px2, py2 = part
+        if px1 <= x1 and x2 <= px2:
+            if py1 <= y1 < py2 < y2:
+                y1 = py2
+            elif y1 < py1 < y2 <= py2:
+                y2 = py1
+        elif py1 <= y1 and y2 <= py2:
+            if px1 <= x1 < px2 < x2:
+                x1 = px2
+            elif x1 < px1 < x2 <= px2:
+                x2 = px1
+    if (x1, y1, x2, y2) == box or (x2 - x1) * (y2 - y1) < 0.5 * (box[2] - box[0]) * (box[3] - box[1]):
+        return box
+    tight = _tight(mask, (x1, y1, x2, y2))
+    return tight if tight is not None else box
 
 
 def _split_at_labels(
