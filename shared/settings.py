@@ -141,6 +141,13 @@ class EmbeddingSettings(BaseModel):
 
     space: str = Field(default="default", description="The embedding space search serves from.")
     torch_threads: int = Field(default=2, ge=1, le=256)
+    image_workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Image batches the model runs at once; each gets torch_threads // image_workers "
+        "intra-op threads (at least one).",
+    )
     batch_size: int = Field(default=32, ge=1, le=1024, description="Micro-batch size of embeds.")
     batch_wait_ms: float = Field(default=5.0, ge=0, le=1000, description="Micro-batch fill wait.")
     max_texts: int = Field(default=256, ge=1)

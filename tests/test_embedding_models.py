@@ -393,6 +393,42 @@ def test_microbatcher_batches_what_queued_while_the_model_was_busy_without_waiti
     assert recorder.sizes == [2, 2, 1]
 
 
+def test_microbatcher_runs_image_batches_side_by_side(tiny: EmbeddingModel):
+    """With two image workers, two image batches are inside the model at once (the barrier only
+    opens for two threads: one worker would time out on it), and both get their own rows."""
+    import threading
+
+    from p2p.embedding_api.app import intra_op_threads, make_batcher
+    from p2p.shared.settings import EmbeddingSettings
+
+    both_inside = threading.Barrier(2, timeout=20)
+
+    class Paired(Recorder):
+        def encode_images(self, pics: list[Image.Image]) -> np.ndarray:
+            both_inside.wait()
+            return super().encode_images(pics)
+
+    settings = EmbeddingSettings(torch_threads=2, image_workers=2, batch_size=2, batch_wait_ms=0)
+    assert intra_op_threads(settings) == 1
+    assert intra_op_threads(EmbeddingSettings(torch_threads=2, image_workers=1)) == 2
+    pics = images(4, seed=8)
+
+    async def run() -> list[np.ndarray]:
+        async with make_batcher(Paired(tiny), settings) as batcher:
+            assert batcher.image_workers == 2
+            return list(
+                await asyncio.wait_for(
+                    asyncio.gather(batcher.embed_images(pics[:2]), batcher.embed_images(pics[2:])), 30
+                )
+            )
+
+    first, second = asyncio.run(run())
+    np.testing.assert_allclose(first, tiny.encode_images(pics[:2]), atol=1e-5)
+    np.testing.assert_allclose(second, tiny.encode_images(pics[2:]), atol=1e-5)
+    with pytest.raises(ValueError, match="image_workers"):
+        MicroBatcher(tiny, image_workers=0)
+
+
 def test_microbatcher_prepare_runs_beside_the_event_loop(tiny: EmbeddingModel):
     import threading
 

@@ -15,17 +15,19 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from p2p.embedding_api.batching import MicroBatcher
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
 from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
-from p2p.shared.settings import Settings, get_settings
+from p2p.shared.settings import EmbeddingSettings, Settings, get_settings
 from p2p.training import routes as training_routes
 
 log = logging.getLogger(__name__)
@@ -48,10 +50,23 @@ def active_version(runtime: Runtime, space: str) -> ModelVersion | None:
         return version
 
 
+def intra_op_threads(settings: EmbeddingSettings) -> int:
+    """torch's threads per running batch: the configured threads shared by the image workers."""
+    return max(1, settings.torch_threads // settings.image_workers)
+
+
+def make_batcher(model: Any, settings: EmbeddingSettings) -> MicroBatcher:
+    return MicroBatcher(
+        model,
+        batch_size=settings.batch_size,
+        wait_ms=settings.batch_wait_ms,
+        image_workers=settings.image_workers,
+    )
+
+
 def load_state(runtime: Runtime, space: str) -> ModelState:
     """Load the space's active version (blocking: run it in a thread); the default model when the
     space has none or its version cannot be loaded (the reason is kept for the errors)."""
-    from p2p.embedding_api.batching import MicroBatcher
     from p2p.embedding_api.indexing import spec_of
     from p2p.embedding_api.modeling import default_spec, load_model
 
@@ -60,18 +75,18 @@ def load_state(runtime: Runtime, space: str) -> ModelState:
     error = None
     if version is not None:
         try:
-            model = load_model(spec_of(version), store=runtime.store, threads=settings.torch_threads)
+            model = load_model(spec_of(version), store=runtime.store, threads=intra_op_threads(settings))
             if model.dim != version.dim:
                 raise ValueError(f"model gives {model.dim}-d vectors, the version says {version.dim}")
-            batcher = MicroBatcher(model, batch_size=settings.batch_size, wait_ms=settings.batch_wait_ms)
+            batcher = make_batcher(model, settings)
             log.info("serving space %s with %s %s (%d-d)", space, version.name, version.version, model.dim)
             return ModelState(model, batcher, space, version.id, version.name, version.version, model.dim)
         except Exception as exc:
             error = f"{version.name} {version.version}: {type(exc).__name__}: {exc}"[:500]
             log.error("cannot load the active model of space %s: %s", space, error)
     spec = default_spec()
-    model = load_model(spec, store=runtime.store, threads=settings.torch_threads)
-    batcher = MicroBatcher(model, batch_size=settings.batch_size, wait_ms=settings.batch_wait_ms)
+    model = load_model(spec, store=runtime.store, threads=intra_op_threads(settings))
+    batcher = make_batcher(model, settings)
     if error is None:
         log.warning("space %s has no active model version: the default model serves embeds only", space)
     return ModelState(model, batcher, space, None, spec.name, None, model.dim, load_error=error)

@@ -587,7 +587,9 @@ class EmbeddingModel:
     """An open_clip model in eval mode with its image preprocessing and tokenizer.
 
     ``encode_texts`` / ``encode_images`` return float32, L2-normalised arrays of shape (n, dim).
-    Calls are serialised by a lock, so one instance may be shared between threads.
+    One instance may be shared between threads: text calls are serialised by a lock (a Hugging Face
+    tokenizer must not be entered from two threads at once); image calls may run side by side, since
+    the model in inference mode only reads its weights.
     """
 
     def __init__(self, spec: ModelSpec, model: torch.nn.Module, preprocess: Any, tokenizer: Any) -> None:
@@ -669,7 +671,7 @@ class EmbeddingModel:
         if not images:
             return self._empty()
         chunks: list[np.ndarray] = []
-        with self._lock, torch.inference_mode():
+        with torch.inference_mode():
             for start in range(0, len(images), IMAGE_BATCH):
                 batch = self._finish([self.prepare_image(im) for im in images[start : start + IMAGE_BATCH]])
                 features = self.model.encode_image(batch)  # type: ignore[operator]
