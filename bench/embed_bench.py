@@ -70,6 +70,7 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+from http_load import multipart_request, run_load
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,6 +240,22 @@ def other_benchmarks() -> list[str]:
     return found
 
 
+def share_priority(pid: int) -> None:
+    """Give a process started in a session of its own the scheduling weight of this one.
+
+    Linux groups processes by session for scheduling (autogroup), and ``nice`` only weighs threads
+    within their group; a benchmark run with its group's nice lowered (``echo -15 >
+    /proc/self/autogroup``, so that other jobs on a shared machine yield to it) must pass that on to
+    the server it starts, or the server alone competes at normal weight."""
+    try:
+        ours = Path("/proc/self/autogroup").read_text().split()
+        nice = int(ours[ours.index("nice") + 1])
+        if nice != 0:
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except (OSError, ValueError, IndexError):
+        pass  # no autogroup scheduling here: nothing to share
+
+
 # --- the server -------------------------------------------------------------------------------
 
 
@@ -257,6 +274,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
+        share_priority(self.proc.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -607,71 +625,158 @@ def service_throughput(
     per_request: int = 1,
     binary: bool = False,
 ) -> dict[str, Any]:
-    """``clients`` threads POST ``per_request`` images per request in a loop; images/s counts the
-    images of the requests that finished inside the measured window. ``binary``: the answer is asked
+    """``clients`` connections POST ``per_request`` images per request in a loop (the lean load
+    generator of ``http_load``: requests built before the clock starts); images/s counts the images
+    of the requests answered correctly inside the measured window. ``binary``: the answer is asked
     as raw float32 rows (``Accept: application/octet-stream``) instead of JSON."""
-    stop_at = time.perf_counter() + warmup + duration
-    window = [0.0, 0.0]
-    done: list[tuple[float, float, bool]] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-
     headers = {"Accept": "application/octet-stream"} if binary else {}
+    requests = []
+    for start in range(0, len(images), per_request):
+        parts = [
+            ("files", f"crop{start + j}.png", images[(start + j) % len(images)], "image/png")
+            for j in range(per_request)
+        ]
+        requests.append(multipart_request("127.0.0.1", server.port, "/v1/embed/images", parts, headers))
 
-    def client(k: int) -> None:
-        i = k
-        with httpx.Client(base_url=server.base_url, timeout=120) as http:
-            while time.perf_counter() < stop_at:
-                files = []
-                for _ in range(per_request):
-                    files.append(("files", (f"crop{i}.png", images[i % len(images)], "image/png")))
-                    i += clients
-                t0 = time.perf_counter()
-                try:
-                    r = http.post("/v1/embed/images", files=files, headers=headers)
-                    if binary:
-                        ok = r.status_code == 200 and len(r.content) == per_request * 4 * int(
-                            r.headers["x-embedding-dim"]
-                        )
-                    else:
-                        ok = r.status_code == 200 and len(r.json()["items"]) == per_request
-                    if not ok:
-                        with lock:
-                            errors.append(f"{r.status_code} {r.text[:200]}")
-                except httpx.HTTPError as exc:
-                    ok = False
-                    with lock:
-                        errors.append(f"{type(exc).__name__}: {exc}")
-                t1 = time.perf_counter()
-                with lock:
-                    done.append((t1, t1 - t0, ok))
+    def check(status: int, answer_headers: dict[str, str], body: bytes) -> str | None:
+        if status != 200:
+            return f"{status} {body[:200]!r}"
+        if binary:
+            rows = len(body) // (4 * int(answer_headers["x-embedding-dim"]))
+        else:
+            rows = body.count(b'"source":')
+        return None if rows == per_request else f"{rows} embeddings for {per_request} images"
 
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
-    for t in threads:
-        t.start()
-    time.sleep(warmup)
-    window[0] = time.perf_counter()
-    with meter:
-        time.sleep(duration)
-        window[1] = time.perf_counter()
-    for t in threads:
-        t.join()
-    inside = [(lat, ok) for end, lat, ok in done if window[0] <= end <= window[1]]
-    ok_lat = [lat for lat, ok in inside if ok]
-    wall = window[1] - window[0]
+    result = run_load(
+        "127.0.0.1",
+        server.port,
+        requests,
+        check,
+        clients=clients,
+        warmup=warmup,
+        duration=duration,
+        meter=meter,
+    )
     return {
         "clients": clients,
         "images_per_request": per_request,
         "answer": "application/octet-stream" if binary else "application/json",
-        "requests": len(ok_lat),
-        "images": len(ok_lat) * per_request,
-        "seconds": round(wall, 2),
-        "images_per_s": round(len(ok_lat) * per_request / wall, 2),
+        "requests": result.requests,
+        "images": result.requests * per_request,
+        "seconds": round(result.seconds, 2),
+        "images_per_s": round(result.requests * per_request / result.seconds, 2),
         "load_avg_1m": round(os.getloadavg()[0], 2),
-        "errors": len(errors),
-        "first_errors": errors[:3],
-        "latency": latency_summary(ok_lat),
+        "errors": len(result.errors),
+        "first_errors": result.errors[:3],
+        "latency": latency_summary(result.latencies),
         "cpu": meter.result,
+    }
+
+
+def raw_side_by_side(
+    model: Any, images: list[Image.Image], batch_size: int, duration: float, workers: int, threads: int
+) -> dict[str, Any]:
+    """``workers`` threads each running ``encode_images`` in a loop, torch at ``threads`` intra-op
+    threads (restored after): the raw model run the way ``image_workers`` runs it in the service."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if workers == 1:
+            runs = [in_thread(raw_throughput, model, images, batch_size, duration)]
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="bench-raw") as pool:
+                runs = list(
+                    pool.map(lambda _: raw_throughput(model, images, batch_size, duration), range(workers))
+                )
+    finally:
+        torch.set_num_threads(before)
+    seconds = max(r["seconds"] for r in runs)
+    n = sum(r["images"] for r in runs)
+    return {
+        "workers": workers,
+        "threads_each": threads,
+        "images": n,
+        "seconds": seconds,
+        "images_per_s": round(n / seconds, 2),
+        "batch_size": batch_size,
+    }
+
+
+def raw_configs(total_threads: int) -> list[tuple[int, int]]:
+    """(workers, threads each) of the raw references: one batch on every thread, and, with two or
+    more threads, two batches side by side; the faster is the reference."""
+    configs = [(1, total_threads)]
+    if total_threads >= 2:
+        configs.append((2, total_threads // 2))
+    return configs
+
+
+def paired_rounds(
+    model: Any,
+    pil: list[Image.Image],
+    server: ServerProcess,
+    blobs: list[bytes],
+    args: argparse.Namespace,
+    batch_size: int,
+    threads: int,
+    meter: CpuMeter,
+    per_request: int,
+    binary: bool,
+) -> dict[str, Any]:
+    """Raw model and service measured in alternating slices (``--rounds`` of each, ``--duration``
+    seconds in all for each), so that a change in the machine's other load hits both alike. The raw
+    model runs in each of ``raw_configs`` per round; the reference is the faster configuration's
+    rate over all rounds, and the ratio is the service's rate over it."""
+    slice_s = args.duration / args.rounds
+    configs = raw_configs(threads)
+    raws: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
+    services = []
+    for _ in range(args.rounds):
+        for workers, each in configs:
+            with meter:
+                raw = raw_side_by_side(model, pil, batch_size, slice_s, workers, each)
+            raw["cpu"] = meter.result
+            raws[(workers, each)].append(raw)
+        services.append(
+            service_throughput(
+                server,
+                blobs,
+                args.clients,
+                slice_s,
+                args.warmup,
+                meter,
+                per_request=per_request,
+                binary=binary,
+            )
+        )
+
+    def rate(runs: list[dict[str, Any]]) -> float:
+        return sum(r["images"] for r in runs) / sum(r["seconds"] for r in runs)
+
+    raw_rates = {f"{w}x{t}": round(rate(runs), 2) for (w, t), runs in raws.items()}
+    best = max(raws, key=lambda c: rate(raws[c]))
+    raw_rate = rate(raws[best])
+    svc_rate = rate(services)
+    return {
+        "clients": args.clients,
+        "images_per_request": per_request,
+        "answer": "application/octet-stream" if binary else "application/json",
+        "raw_rates_by_workers_x_threads": raw_rates,
+        "raw_reference": f"{best[0]}x{best[1]}",
+        "raw_images_per_s": round(raw_rate, 2),
+        "images_per_s": round(svc_rate, 2),
+        "ratio_over_raw": round(svc_rate / raw_rate, 3),
+        "round_ratios": [
+            round(s["images_per_s"] / r["images_per_s"], 3) for r, s in zip(raws[best], services, strict=True)
+        ],
+        "errors": sum(s["errors"] for s in services),
+        "first_errors": [e for s in services for e in s["first_errors"]][:3],
+        "p50_ms_per_round": [s["latency"]["p50_ms"] for s in services],
+        "p99_ms_per_round": [s["latency"]["p99_ms"] for s in services],
+        "raw_rounds": {f"{w}x{t}": runs for (w, t), runs in raws.items()},
+        "service_rounds": services,
     }
 
 
@@ -682,6 +787,7 @@ def embed_scenario(
     blobs: list[bytes],
     args: argparse.Namespace,
     batch_size: int,
+    threads: int,
     meter: CpuMeter,
 ) -> dict[str, Any]:
     pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
@@ -690,11 +796,6 @@ def embed_scenario(
         raw_main = raw_throughput(model, pil, batch_size, args.duration)
     raw_main["cpu"] = meter.result
     log(f"{name}: raw (main thread) {raw_main['images_per_s']} images/s")
-    with meter:
-        raw_exec = in_thread(raw_throughput, model, pil, batch_size, args.duration)
-    raw_exec["cpu"] = meter.result
-    log(f"{name}: raw (executor thread, as the batcher calls it) {raw_exec['images_per_s']} images/s")
-    raw = max(raw_main, raw_exec, key=lambda r: r["images_per_s"])
     # A stricter reference: the model on inputs already resized (prepare_image), in a worker
     # thread: the service does that resizing on its preparation pool, beside the model.
     prepared = [model.prepare_image(im) for im in pil]
@@ -710,42 +811,32 @@ def embed_scenario(
     services = []
     for per_request, binary in modes:
         log(
-            f"{name}: service, {args.clients} clients x {per_request} image(s), "
-            f"binary={binary}, {args.duration:.0f} s"
+            f"{name}: {args.rounds} rounds of raw ({raw_configs(threads)} workers x threads) then service, "
+            f"{args.clients} clients "
+            f"x {per_request} image(s), binary={binary}, {args.duration:.0f} s each side"
         )
-        svc = service_throughput(
-            server,
-            blobs,
-            args.clients,
-            args.duration,
-            args.warmup,
-            meter,
-            per_request=per_request,
-            binary=binary,
-        )
-        svc["ratio_over_raw"] = round(svc["images_per_s"] / raw["images_per_s"], 3)
-        svc["ratio_over_raw_prepared"] = round(svc["images_per_s"] / raw_prep["images_per_s"], 3)
+        pair = paired_rounds(model, pil, server, blobs, args, batch_size, threads, meter, per_request, binary)
+        pair["ratio_over_raw_prepared"] = round(pair["images_per_s"] / raw_prep["images_per_s"], 3)
         log(
-            f"{name}: service {svc['images_per_s']} images/s "
-            f"(ratio {svc['ratio_over_raw']}), errors {svc['errors']}"
+            f"{name}: service {pair['images_per_s']} images/s, raw {pair['raw_rates_by_workers_x_threads']} "
+            f"(ratio {pair['ratio_over_raw']}, rounds {pair['round_ratios']}), errors {pair['errors']}"
         )
-        services.append(svc)
+        services.append(pair)
     svc = services[0]  # one image per request, JSON: the headline number
-    ratio = svc["images_per_s"] / raw["images_per_s"]
     return {
         "model": name,
         "dim": model.dim,
         "image_px": "longest side 224 (PNG panel crops)",
         "raw_main_thread": raw_main,
-        "raw_executor_thread": raw_exec,
-        "reference": "the faster of the two raw runs (encode_images on decoded PIL images)",
-        "raw": raw,
+        "reference": (
+            "encode_images on decoded PIL images in a worker thread, in slices alternating with the service's"
+        ),
         "raw_prepared_inputs": raw_prep,
         "service": svc,
         "service_modes": services,
-        "ratio_service_over_raw": round(ratio, 3),
+        "ratio_service_over_raw": svc["ratio_over_raw"],
         "target": ">= 0.9",
-        "met": ratio >= 0.9,
+        "met": svc["ratio_over_raw"] >= 0.9,
     }
 
 
@@ -899,8 +990,11 @@ def main() -> int:
     parser.add_argument("--panels", type=int, default=100_000, help="panel rows and vectors for search")
     parser.add_argument("--figures", type=int, default=30, help="synthetic figures mined for re-indexing")
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds per embed measurement")
-    parser.add_argument("--warmup", type=float, default=4.0, help="seconds of load before measuring")
+    parser.add_argument(
+        "--duration", type=float, default=20.0, help="seconds per embed measurement (each side of a pair)"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="alternating raw/service slices per mode")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each service slice")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--chunk", type=int, default=2000, help="vectors per upsert")
     parser.add_argument("--images", type=int, default=64, help="distinct crops posted")
@@ -916,6 +1010,12 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also run 1 image/request with binary answers",
+    )
+    parser.add_argument(
+        "--image-workers",
+        type=int,
+        default=None,
+        help="the server's embedding.image_workers (default: the settings' default)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "embed.json")
     args = parser.parse_args()
@@ -948,6 +1048,8 @@ def main() -> int:
             "P2P_LOG_LEVEL": "WARNING",
             "P2P_QUEUE__EMBEDDED_QUEUES": "[]",
         }
+        if args.image_workers is not None:
+            env["P2P_EMBEDDING__IMAGE_WORKERS"] = str(args.image_workers)
         settings = Settings(data_dir=data_dir, log_level="WARNING", queue=QueueSettings(embedded_queues=[]))
         runtime = build_runtime(settings)
         server: ServerProcess | None = None
@@ -955,6 +1057,7 @@ def main() -> int:
         try:
             report["machine"] = machine()
             report["settings"] = settings.embedding.model_dump()
+            report["server_image_workers"] = args.image_workers or settings.embedding.image_workers
             threads = settings.embedding.torch_threads
             batch_size = settings.embedding.batch_size
 
@@ -982,7 +1085,9 @@ def main() -> int:
             report["server_default"] = server.start()
             log(f"server up: {report['server_default']}")
 
-            report["embed"] = [embed_scenario("default", model, server, blobs, args, batch_size, meter)]
+            report["embed"] = [
+                embed_scenario("default", model, server, blobs, args, batch_size, threads, meter)
+            ]
             report["embed"][0]["spec"] = "p2p-minilm-vit (custom: 4-layer 256-wide ViT-B/32-style, random)"
 
             qrng = np.random.default_rng(SEED + 1)
@@ -1051,7 +1156,7 @@ def main() -> int:
                 report["server_vit"] = server.start()
                 log(f"server up: {report['server_vit']}")
                 report["embed"].append(
-                    embed_scenario("ViT-B-32", vit, server, blobs, args, batch_size, meter)
+                    embed_scenario("ViT-B-32", vit, server, blobs, args, batch_size, threads, meter)
                 )
                 report["embed"][-1]["spec"] = "ModelSpec('vit-b-32', 'ViT-B-32', None, 'random')"
                 server.stop()
@@ -1070,10 +1175,15 @@ def main() -> int:
         "embed": [
             (
                 e["model"],
-                e["raw"]["images_per_s"],
                 e["raw_prepared_inputs"]["images_per_s"],
                 [
-                    (m["images_per_request"], m["answer"], m["images_per_s"], m["ratio_over_raw"])
+                    (
+                        m["images_per_request"],
+                        m["answer"],
+                        m["raw_images_per_s"],
+                        m["images_per_s"],
+                        m["ratio_over_raw"],
+                    )
                     for m in e["service_modes"]
                 ],
             )
