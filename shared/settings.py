@@ -141,8 +141,10 @@ class EmbeddingSettings(BaseModel):
 
     space: str = Field(default="default", description="The embedding space search serves from.")
     torch_threads: int = Field(default=2, ge=1, le=256)
+    # Two batches on one thread each beat one batch on two threads for the default model on two
+    # cores: 1.5x the service's images/s (bench/README.md, embed_bench run 4).
     image_workers: int = Field(
-        default=1,
+        default=2,
         ge=1,
         le=64,
         description="Image batches the model runs at once; each gets torch_threads // image_workers "
