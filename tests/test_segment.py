@@ -445,3 +445,14 @@ def _label_touching_image_above() -> tuple[np.ndarray, list[tuple[float, float, 
 def test_label_touching_a_streak_of_the_image_above_still_heads_its_panel() -> None:
     image, truth = _label_touching_image_above()
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_small_image_off_a_panels_corner_stays_apart() -> None:
+    """A much smaller image (a strip) next to a big one, overlapping its side only at the corner:
+    a colour bar or legend sits beside its panel, this is a panel of its own."""
+    rng = np.random.default_rng(15)
+    image = canvas(610, 400)
+    image[10:200, 10:300] = texture(rng, 290, 190, 90)
+    image[190:216, 312:600] = texture(rng, 288, 26, 120)
+    truth = [(10.0, 10.0, 300.0, 200.0), (312.0, 190.0, 600.0, 216.0)]
+    assert_matches(segment_panels(image), truth, 0.9)

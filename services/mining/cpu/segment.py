@@ -268,16 +268,19 @@ def _label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray
     area = stats[:, 4]
     # solid images: a label may sit right beside one (narrow gutters) without being text
     solid = (h > hmax) & (w > hmax) & (area >= 0.6 * w * h)
+    # beside a label, in the gutter on its left, any big component is an image or a drawing of
+    # the next panel (a light micrograph is not solid): a word's glyphs are never that big
+    big = (h > hmax) & (w > hmax)
 
-    def foreign(x1: int, y1: int, x2: int, y2: int, members: list[int]) -> int:
-        """Ink in the window that is neither the group's own nor a solid image beside it."""
+    def foreign(x1: int, y1: int, x2: int, y2: int, members: list[int], beside: np.ndarray = solid) -> int:
+        """Ink in the window that is neither the group's own nor a solid image (``beside``)."""
         x1, y1, x2, y2 = max(0, x1), max(0, y1), min(width, x2), min(height, y2)
         total = _window_sum(integral, x1, y1, x2, y2)
         if total == 0:
             return 0
         window = labels[y1:y2, x1:x2]
         ids_here = np.unique(window)
-        ignore = [int(j) for j in ids_here if j and (int(j) in members or solid[j])]
+        ignore = [int(j) for j in ids_here if j and (int(j) in members or beside[j])]
         if not ignore:
             return total
         return total - int(np.isin(window, ignore).sum())
@@ -862,6 +865,18 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
 # clustering
 
 
+def _facing(a: list[int], b: list[int]) -> bool:
+    """The smaller box sits beside the other (a colour bar by its heat map, a legend by its
+    plot) rather than off its corner: across the gap between them, the two overlap along at
+    least half of the smaller box's side."""
+    small, large = sorted((a, b), key=lambda box: (box[2] - box[0]) * (box[3] - box[1]))
+    if small[2] <= large[0] or large[2] <= small[0]:  # side by side
+        return min(small[3], large[3]) - max(small[1], large[1]) >= 0.5 * (small[3] - small[1])
+    if small[3] <= large[1] or large[3] <= small[1]:  # one above the other
+        return min(small[2], large[2]) - max(small[0], large[0]) >= 0.5 * (small[2] - small[0])
+    return True
+
+
 def _cluster(
     parts: list[IntBox],
     major: list[bool],
@@ -912,7 +927,7 @@ def _cluster(
         if not a.major or not b.major:
             return text_gap
         small, large = sorted((a.largest, b.largest))
-        if small < 0.3 * large and small < 0.05 * fig_area:
+        if small < 0.3 * large and small < 0.05 * fig_area and _facing(a.box, b.box):
             return small_gap
         if has_labels:
             if a.dense and b.dense:
