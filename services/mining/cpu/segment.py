@@ -268,19 +268,16 @@ def _label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray
     area = stats[:, 4]
     # solid images: a label may sit right beside one (narrow gutters) without being text
     solid = (h > hmax) & (w > hmax) & (area >= 0.6 * w * h)
-    # beside a label, in the gutter on its left, any big component is an image or a drawing of
-    # the next panel (a light micrograph is not solid): a word's glyphs are never that big
-    big = (h > hmax) & (w > hmax)
 
-    def foreign(x1: int, y1: int, x2: int, y2: int, members: list[int], beside: np.ndarray = solid) -> int:
-        """Ink in the window that is neither the group's own nor a solid image (``beside``)."""
+    def foreign(x1: int, y1: int, x2: int, y2: int, members: list[int]) -> int:
+        """Ink in the window that is neither the group's own nor a solid image beside it."""
         x1, y1, x2, y2 = max(0, x1), max(0, y1), min(width, x2), min(height, y2)
         total = _window_sum(integral, x1, y1, x2, y2)
         if total == 0:
             return 0
         window = labels[y1:y2, x1:x2]
         ids_here = np.unique(window)
-        ignore = [int(j) for j in ids_here if j and (int(j) in members or beside[j])]
+        ignore = [int(j) for j in ids_here if j and (int(j) in members or solid[j])]
         if not ignore:
             return total
         return total - int(np.isin(window, ignore).sum())
