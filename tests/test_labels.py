@@ -237,6 +237,27 @@ def test_find_labels_without_panels_or_text() -> None:
     assert assign_labels(panels, find_labels(plain, panels)) == [None]
 
 
+def test_text_detector_looks_at_every_panel_without_a_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    # segmentation may swallow the labels' strip into the panels: then most panels have no
+    # reading from the glyph searches, and each of them still gets the detector's look
+    import p2p.mining.cpu.labels as labels_module
+
+    boxes = [(10 + 130 * c, 10 + 130 * r, 130 + 130 * c, 130 + 130 * r) for r in range(2) for c in range(3)]
+    pil, _ = textured_figure((410, 280), boxes, 120, seed=3)
+    image = np.asarray(pil).copy()
+    looked: list[int] = []
+    original = labels_module._detector_candidates
+
+    def spy(engine, rgb, gray, box, index, u):  # type: ignore[no-untyped-def]
+        looked.append(index)
+        return original(engine, rgb, gray, box, index, u)
+
+    monkeypatch.setattr(labels_module, "_detector_candidates", spy)
+    panels = [panel(tuple(float(v) for v in b)) for b in boxes]
+    find_labels(image, panels)
+    assert sorted(looked) == list(range(6))
+
+
 def test_ocr_reads_white_labels_on_dark_discs() -> None:
     """Circled labels printed white on a filled dark disc are read from the disc's holes."""
     rng = np.random.default_rng(3)
