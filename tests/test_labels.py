@@ -165,6 +165,32 @@ def test_sequence_repairs_roman_numerals_and_missing_tail_labels() -> None:
     assert assign_labels(panels, readings[:2]) == ["A", "B", None, None, None, None]
 
 
+def test_sequence_repairs_figure_number_labels() -> None:
+    boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(4)]
+    panels = [panel(b) for b in boxes]
+
+    def at(k: int, text: str) -> LabelDetection:
+        x = boxes[k][0]
+        return detection(text, (x - 24, 2, x - 2, 16))
+
+    # "6l" read as "61", "4a" with its figure number misread
+    assert assign_labels(panels, [at(0, "6i"), at(1, "6j"), at(2, "6k"), at(3, "61")]) == [
+        "6i",
+        "6j",
+        "6k",
+        "6l",
+    ]
+    assert assign_labels(panels, [at(0, "1a"), at(1, "4b"), at(2, "4c"), at(3, "4d")]) == [
+        "4a",
+        "4b",
+        "4c",
+        "4d",
+    ]
+    # an order that explains few clear readings does not turn them into their neighbours'
+    got = assign_labels(panels[:3], [at(0, "6j"), at(1, "6i"), at(2, "6k")])
+    assert got == ["6j", "6i", "6k"]
+
+
 def test_no_repair_without_a_clear_series() -> None:
     boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(3)]
     panels = [panel(b) for b in boxes]

@@ -717,7 +717,24 @@ def _style(text: str) -> str:
         return "roman"
     if len(text) == 1 and text.isalpha():
         return "lower" if text.islower() else "upper"
+    if len(text) >= 2 and text[:-1].isdigit() and text[-1].isalpha():
+        # "1a", "1b"...: one series per figure number and case
+        return f"{text[:-1]}+{'lower' if text[-1].islower() else 'upper'}"
     return "other"
+
+
+def _fits(expected: str, text: str) -> bool:
+    """Whether an OCR reading may stand for the label the series expects."""
+    if expected in _options(text):
+        return True
+    # "1a" labels: the figure number is the series' own, and the letter may be a confusion
+    # ("61" for "6l", "1a" for "4a")
+    return (
+        len(text) == len(expected) >= 2
+        and expected[:-1].isdigit()
+        and text[:-1].isdigit()
+        and expected[-1] in _plain_options(text[-1])
+    )
 
 
 _ROMANISH = str.maketrans({"1": "i", "l": "i", "I": "i", "|": "i", "j": "i", "V": "v", "X": "x", "y": "v"})
@@ -855,7 +872,7 @@ def _best_order(
             fit = exact = 0
             for pi, text in texts.items():
                 index = positions[pi] + offset
-                if 0 <= index < len(series) and series[index] in _options(text):
+                if 0 <= index < len(series) and _fits(series[index], text):
                     fit += 1 + int(pi in strong)
                     exact += int(series[index] == text)
             if (fit, exact) > best:
@@ -880,8 +897,7 @@ def _repair_sequence(
     fitting = {
         pi
         for pi, text in texts.items()
-        if 0 <= positions[pi] + best_offset < len(series)
-        and series[positions[pi] + best_offset] in _options(text)
+        if 0 <= positions[pi] + best_offset < len(series) and _fits(series[positions[pi] + best_offset], text)
     }
     consistent = bool(series) and len(fitting) >= 2 and len(fitting) >= 0.6 * len(texts)
     fixed: dict[int, str] = {}
@@ -910,10 +926,17 @@ def _repair_sequence(
             hi += 1
         return hi - lo - 1 <= 2 and len(fitting) >= max(3, 0.5 * len(order))
 
+    # No candidate order may explain a layout (panels labelled in an order no gutter shows): then
+    # a clear reading that is itself a label of the series stays, whatever its rank expects;
+    # not roman numerals, whose i's OCR merges or drops into other numerals of the series.
+    agree = sum(expected_at(positions[pi]) == text for pi, text in strong.items())
+    order_trusted = main == "roman" or agree >= 0.75 * len(strong)
+    members = set(series)
     for rank, pi in enumerate(order):
         expected = expected_at(rank)
         reading = texts.get(pi)
-        if pi in fitting and expected is not None:
+        keep = not order_trusted and pi in strong and reading in members
+        if pi in fitting and expected is not None and not keep:
             fixed[pi] = expected
         elif reading is not None and pi in strong:
             fixed[pi] = reading  # a clear reading that no confusion explains: trust it
@@ -930,6 +953,10 @@ def _dedupe(fixed: dict[int, str], confidence: dict[int, float]) -> dict[int, st
 
 
 def _series(style: str) -> list[str]:
+    if "+" in style:
+        number, case = style.split("+")
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        return [number + (c if case == "lower" else c.upper()) for c in letters]
     if style == "lower":
         return list("abcdefghijklmnopqrstuvwxyz")
     if style == "upper":
