@@ -456,3 +456,30 @@ def test_small_image_off_a_panels_corner_stays_apart() -> None:
     image[190:216, 312:600] = texture(rng, 288, 26, 120)
     truth = [(10.0, 10.0, 300.0, 200.0), (312.0, 190.0, 600.0, 216.0)]
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def _table_under_label() -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
+    """Two labelled images and a ruleless table of text under its own label "(c)"."""
+    rng = np.random.default_rng(16)
+    image = canvas(760, 300)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for x, text in ((10, "(a)"), (260, "(b)"), (510, "(c)")):
+        draw.text((x, 6), text, fill=(0, 0, 0), font=font(20))
+    rows = [("Variable", "Low", "High"), ("BMI", "21.3", "25.0"), ("Smoker", "12", "40")]
+    rows += [("Age", "55.1", "61.0"), ("eGFR", "89", "75"), ("CRP", "3.1", "5.6")]
+    for r, row in enumerate(rows):
+        for c, cell in enumerate(row):
+            draw.text((512 + (0, 80, 130)[c], 44 + 24 * r), cell, fill=(0, 0, 0), font=font(14, bold=r == 0))
+    image[:] = np.asarray(pil)
+    truth = []
+    for x in (10, 260):
+        image[40:280, x : x + 230] = texture(rng, 230, 240, 110)
+        truth.append((float(x), 40.0, float(x + 230), 280.0))
+    truth.append(ink_box(image, (505, 40, 760, 300)))
+    return image, truth
+
+
+def test_label_over_a_table_is_not_part_of_it() -> None:
+    image, truth = _table_under_label()
+    assert_matches(segment_panels(image), truth, 0.9)

@@ -1170,6 +1170,8 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
             keep_mask[y1:y2, x1:x2] |= mask[y1:y2, x1:x2]
     results: list[PanelCandidate] = []
     min_major = 4.0 * u
+    rejected = [box for box in candidate_boxes if box not in label_boxes]
+    heights = [b[3] - b[1] for b in label_boxes]
     for cluster in clusters:
         cb = cluster.box
         w, h = cb[2] - cb[0], cb[3] - cb[1]
@@ -1178,6 +1180,8 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
         tight = _tight(keep_mask, (cb[0], cb[1], cb[2], cb[3]))
         if tight is None:
             continue
+        if cluster.anchor < 0 and heights:
+            tight = _without_heading_label(keep_mask, tight, rejected, float(np.median(heights)), u)
         if factor > 1:
             x1, y1, x2, y2 = tight
             full_box = (x1 * factor, y1 * factor, min(width, x2 * factor), min(height, y2 * factor))
@@ -1192,6 +1196,32 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
         if box is not None:
             results.append(PanelCandidate(box=_float_box(box), confidence=0.3))
     return results
+
+
+def _without_heading_label(
+    keep: np.ndarray, box: IntBox, guesses: list[IntBox], typical: float, u: float
+) -> IntBox:
+    """A panel with no label of its own whose top-left corner is a label-like glyph group of the
+    figure's label size, standing above (or left of) all the rest of the panel: the label of a
+    table or a diagram (content no label guess could head) is not part of the panel."""
+    x1, y1, x2, y2 = box
+    for gx1, gy1, gx2, gy2 in guesses:
+        gh = gy2 - gy1
+        if not 0.6 * typical <= gh <= 1.7 * typical:
+            continue
+        if not (x1 <= gx1 <= x1 + 0.5 * gh and y1 <= gy1 <= y1 + 0.5 * gh and gx2 <= x2 and gy2 <= y2):
+            continue
+        rest = keep[y1:y2, x1:x2].copy()
+        rest[gy1 - y1 : gy2 - y1, gx1 - x1 : gx2 - x1] = False
+        inner = _tight(rest, (0, 0, x2 - x1, y2 - y1))
+        if inner is None:
+            continue
+        if inner[1] < gy2 - y1 and inner[0] < gx2 - x1:
+            continue  # other content beside the glyphs on their line and column: text, not a label
+        trimmed = (x1 + inner[0], y1 + inner[1], x1 + inner[2], y1 + inner[3])
+        if min(trimmed[2] - trimmed[0], trimmed[3] - trimmed[1]) >= 4.0 * u:
+            return trimmed
+    return box
 
 
 def _parts(content: np.ndarray, edges: _EdgeMaps, u: float) -> tuple[list[IntBox], list[bool]]:
