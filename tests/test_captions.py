@@ -170,6 +170,16 @@ def test_ranges_lists_and_forms(caption: str, expected: dict[str, str]) -> None:
         assert subcaptions[label] == text
 
 
+def test_figure_number_labels_of_any_figure() -> None:
+    # the figure number is not a count of panels before the first one ("6a" is the first)
+    assert split_caption("Lungs. (6a) Left lobe. (6b) Right lobe.").subcaptions == {
+        "6a": "(6a) Left lobe.",
+        "6b": "(6b) Right lobe.",
+    }
+    assert split_caption("4a, Left lobe. 4b, Right lobe. 4c, Both.").labels_in_order == ["4a", "4b", "4c"]
+    assert split_caption("Cells were treated for 24 h. 5h, cells were fixed.").labels_in_order == []
+
+
 def test_compound_roman_and_position_labels() -> None:
     assert split_caption("(1a) Left lobe. (1b) Right lobe.").subcaptions == {
         "1a": "(1a) Left lobe.",

@@ -777,8 +777,8 @@ def _select(
         in_hint = hint is not None and bool(hint.keys) and all(k in hint.keys for k in keys)
         if hint is not None and hint.keys and cand.form != "paren" and not in_hint:
             continue
-        if system is None and keys[0][0] == 2 and not in_hint and cand.form != "paren":
-            continue  # bare numbers start sentences too often
+        if system is None and keys[0][0] == 2 and not in_hint and cand.form != "paren" and keys[0][2] == 0:
+            continue  # bare numbers start sentences too often (a figure number and letter do not)
         leading = (
             cand.boundary in ("sentence", "comma") and cand.follower == "text" and cand.form != "position"
         )
@@ -807,7 +807,13 @@ def _select(
                 )
             )
             continue
-        universe = sorted(hint.keys) if in_hint and hint is not None else _base_universe(keys[0][0])
+        if in_hint and hint is not None:
+            universe = sorted(hint.keys)
+        elif keys[0][0] == 2 and min(keys)[2] > 0:
+            # "6a", "6b"...: the figure number is no panel count, the letters are
+            universe = [(2, min(keys)[1], m) for m in range(1, 27)]
+        else:
+            universe = _base_universe(keys[0][0])
         gap = _gap(min(keys), last, covered, universe)
         is_post = False
         if post_mode and not leading:
