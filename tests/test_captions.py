@@ -364,6 +364,14 @@ def test_sentence_repeated_by_every_panel_is_not_shared() -> None:
     assert split.subcaptions["C"] == "(C) Patchy glands. Original magnification x400."
 
 
+def test_closing_clause_for_every_panel_but_not_the_last_panels_layout() -> None:
+    shared = split_caption("A) lung, B) breast, C) colon cancer; 10* magnification.")
+    assert shared.subcaptions["A"] == "A) lung 10* magnification."
+    own = split_caption("(a) MRI of the head. (b) MRI of the mass; left to right, increasing magnification.")
+    assert own.subcaptions["a"] == "(a) MRI of the head."
+    assert own.subcaptions["b"] == "(b) MRI of the mass; left to right, increasing magnification."
+
+
 def test_marker_mentions() -> None:
     assert find_marker_mentions("Arrows and arrowheads mark the boxed area; asterisk, inset.") == (
         "arrow",

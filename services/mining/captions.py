@@ -1090,7 +1090,13 @@ def _distribute(
         # "A) lung, B) breast, ..., F) colon cancer; 10* magnification.": a closing clause for all.
         clause = _SHARED_CLAUSE_RE.search(text, starts[last], heads[last])
         before = text[starts[last] : clause.start()] if clause else ""
-        if clause and text[clause.start(1) : heads[last]].strip() and before.count("(") <= before.count(")"):
+        own_layout = clause is not None and _PANEL_PART_RE.match(clause.group(1))
+        if (
+            clause
+            and not own_layout
+            and text[clause.start(1) : heads[last]].strip()
+            and before.count("(") <= before.count(")")
+        ):
             segments.append(_Segment(clause.start(1), heads[last], None))
             ends[last] = clause.start() + 1
     own_last = label_sets[last]
@@ -1303,6 +1309,13 @@ _SHARED_CLAUSE_RE = re.compile(
     r";\s{1,3}([^;]{0,40}\b(?:magnifications?|scale\s*bars?|bars?|stain(?:ing|ed)?|counterstain\w*)\b"
     r"[^;]{0,40})\s*$",
     re.IGNORECASE,
+)
+
+
+# "; left to right, increasing magnification", "; right, higher magnification of ...": how the
+# last panel's own parts are laid out, not a note for every panel
+_PANEL_PART_RE = re.compile(
+    r"(?:left|right|upper|lower|top|bottom|middle|centre|center|insets?)\b", re.IGNORECASE
 )
 
 
