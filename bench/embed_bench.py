@@ -17,17 +17,20 @@ every server is stopped at the end (also on error). In order:
    COPY, and their 384-d vectors, clustered around text embeddings of ~400 phrases so text queries
    land near data, written with ``vectors.upsert`` in batches into the active version's table; its
    panel HNSW index (m=16, ef_construction=64) is then built.
-4. Embedding, default model: the reference is ``EmbeddingModel.encode_images`` on batches of
-   ``settings.embedding.batch_size`` ~224-px panel crops in one thread of this process (torch threads
-   from settings), run once in the main thread and once in a worker thread (as the service's
-   micro-batcher runs the model); the faster of the two is the reference. A stricter reference is
-   also measured: the model on inputs already resized (``prepare_image``: the service resizes on
-   its preparation pool, so the raw run above does work in the model's thread that the service
-   does beside it). Then ``--clients`` threads, each with its own ``httpx.Client``, POST one image
-   (multipart) to ``/v1/embed/images`` in a loop for ``--duration`` s after a warm-up: the headline
-   number. Target: service images/s >= 0.9 x raw. Then the same with ``--per-request`` images per
-   request (default 8: a batch endpoint's documented use) and with one image per request answered
-   as raw float32 rows (``Accept: application/octet-stream``, ``--no-binary`` leaves it out).
+4. Embedding, default model: the raw reference is ``EmbeddingModel.encode_images`` on batches of
+   ``settings.embedding.batch_size`` ~224-px panel crops (decoded PIL images; the model's resize
+   included) in this process, in two configurations: one batch at a time on all
+   ``torch_threads`` (1x2 on two threads) and two batches side by side on one thread each (2x1,
+   as the service's ``image_workers`` runs them); the faster is the reference. The model on inputs
+   already resized (``prepare_image``) is measured once for information. The service: ``--clients``
+   keep-alive connections of the lean load generator (``http_load``: requests built before the
+   clock starts, one asyncio loop, ~0.1 ms of client CPU per request) POST one image (multipart)
+   to ``/v1/embed/images`` in a loop: the headline number. Raw and service alternate in
+   ``--rounds`` slices (``--duration`` seconds in all for each), so a change in the machine's other
+   load hits both alike. Target: service images/s >= 0.9 x raw. Then the same with
+   ``--per-request`` images per request (default 8: a batch endpoint's documented use) and with one
+   image per request answered as raw float32 rows (``Accept: application/octet-stream``,
+   ``--no-binary`` leaves it out).
 5. Search: ``--queries`` text queries one at a time through ``POST /v1/search`` (panel level, k=10):
    p50/p99; the same queries' text embedding (``encode_texts``, in this process) and pure
    ``vectors.search`` (own connection and transaction, as the service does) as a breakdown.
@@ -41,7 +44,9 @@ every server is stopped at the end (also on error). In order:
 
 Machines are noisy: every number that matters is a ratio to a reference measured in the same run.
 The CPU time of other processes on the machine during each load phase is recorded
-(``other_cores``).
+(``other_cores``). On a machine shared with other jobs, run it from a shell whose scheduling group
+was given priority (``echo -15 > /proc/self/autogroup``, as root): the server it starts in a session
+of its own is given the same weight (``share_priority``).
 """
 
 from __future__ import annotations
@@ -733,19 +738,27 @@ def paired_rounds(
     configs = raw_configs(threads)
     raws: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
     services = []
+    warmup = args.warmup
     for _ in range(args.rounds):
         for workers, each in configs:
             with meter:
                 raw = raw_side_by_side(model, pil, batch_size, slice_s, workers, each)
             raw["cpu"] = meter.result
             raws[(workers, each)].append(raw)
+        if not services:
+            # A slice must be long against the time the model takes to work off what the clients
+            # keep in flight (a big model, 8 images per request: seconds), or the window catches
+            # too few batch completions and the start-up: warm up over one drain, measure over five.
+            fastest = max(runs[0]["images_per_s"] for runs in raws.values())
+            drain = args.clients * per_request / fastest
+            warmup, slice_s = max(args.warmup, 1.5 * drain), max(slice_s, 5 * drain)
         services.append(
             service_throughput(
                 server,
                 blobs,
                 args.clients,
                 slice_s,
-                args.warmup,
+                warmup,
                 meter,
                 per_request=per_request,
                 binary=binary,
@@ -763,6 +776,8 @@ def paired_rounds(
         "clients": args.clients,
         "images_per_request": per_request,
         "answer": "application/octet-stream" if binary else "application/json",
+        "service_slice_s": round(slice_s, 2),
+        "service_warmup_s": round(warmup, 2),
         "raw_rates_by_workers_x_threads": raw_rates,
         "raw_reference": f"{best[0]}x{best[1]}",
         "raw_images_per_s": round(raw_rate, 2),
