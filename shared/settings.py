@@ -141,8 +141,9 @@ class EmbeddingSettings(BaseModel):
 
     space: str = Field(default="default", description="The embedding space search serves from.")
     torch_threads: int = Field(default=2, ge=1, le=256)
-    # Two batches on one thread each beat one batch on two threads for the default model on two
-    # cores: 1.5x the service's images/s (bench/README.md, embed_bench run 4).
+    # One batch on two torch threads stalls whenever another thread (the service's own decoding
+    # and HTTP among them) holds a core; two batches on one thread each do not: 1.3-1.5x the
+    # service's images/s on a shared machine (bench/README.md, embed_bench run 4).
     image_workers: int = Field(
         default=2,
         ge=1,
