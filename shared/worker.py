@@ -28,10 +28,10 @@ def _preload_models(sender: str, instance: Any, **_: Any) -> None:
     # A mining worker loads its models before it takes the first figure; an LVLM worker also
     # checks the model server (it starts anyway when the server is not up yet: each task checks).
     queues = set(instance.app.amqp.queues.consume_from or {})
-    from p2p.mining.tasks import get_miner
+    from p2p.mining.tasks import get_miner, prepare_worker_process
 
-    if MINING_QUEUE in queues:
-        get_miner("cpu")
+    if MINING_QUEUE in queues or MINING_LVLM_QUEUE in queues:
+        prepare_worker_process(get_settings())
     if MINING_LVLM_QUEUE in queues:
         try:
             get_miner("lvlm").ensure_ready()

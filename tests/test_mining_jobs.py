@@ -206,3 +206,19 @@ def test_mining_runs_on_a_real_celery_worker(make_settings, db, redis_url: str) 
     finally:
         set_process_runtime(None)
         runtime.close()
+
+
+def test_a_mining_worker_process_runs_torch_on_its_configured_threads() -> None:
+    import torch
+
+    from p2p.mining.tasks import prepare_worker_process
+    from p2p.shared.settings import MiningSettings, Settings
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        prepare_worker_process(Settings(mining=MiningSettings(torch_threads=1)))
+        assert torch.get_num_threads() == 1
+        assert get_miner("cpu") is get_miner("cpu")  # loaded once, by the preparation
+    finally:
+        torch.set_num_threads(before)

@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from p2p.shared.queue import EMBED_FIGURES_TASK, EMBEDDING_QUEUE, MINE_FIGURE_TASK, celery_app
-from p2p.shared.settings import get_settings
+from p2p.shared.settings import Settings, get_settings
 from p2p.shared.tasks import P2PTask
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,15 @@ def get_miner(backend: str = "cpu") -> Any:
         if backend not in _miners:
             raise ValueError(f"unknown mining backend {backend!r}")
         return _miners[backend]
+
+
+def prepare_worker_process(settings: Settings) -> None:
+    """What a mining worker process does before its first figure: torch on the configured threads,
+    the CPU miner's models loaded."""
+    import torch
+
+    torch.set_num_threads(settings.mining.torch_threads)
+    get_miner("cpu")
 
 
 class MiningTask(P2PTask):
