@@ -304,6 +304,28 @@ def test_ocr_reads_white_labels_on_dark_discs() -> None:
     assert [labels[i] for i in order] == ["a", "b"]
 
 
+def test_ocr_reads_circled_labels_whose_ring_touches_the_letter() -> None:
+    """A thin circle drawn tight round a bold capital touches it: one ink shape, ring cut off."""
+    rng = np.random.default_rng(4)
+    image = np.full((300, 900, 3), 255, dtype=np.uint8)
+    boxes = [(40, 40, 280, 280), (330, 40, 580, 280), (630, 40, 880, 280)]
+    for x1, y1, x2, y2 in boxes:
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 120)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for text, (x1, y1, _, _) in zip(["B", "C", "D"], boxes, strict=True):
+        cx, cy = x1 - 18, y1 - 18
+        draw.ellipse([cx - 10, cy - 10, cx + 10, cy + 10], outline=(0, 0, 0), width=2)
+        draw.text((cx, cy), text, fill=(0, 0, 0), font=font(17), anchor="mm")
+        draw.line([(cx + 5, cy), (cx + 9, cy)], fill=(0, 0, 0), width=2)  # touching for sure
+    image = np.asarray(pil).copy()
+    panels = segment_panels(image)
+    assert len(panels) == 3
+    order = reading_order(panels)
+    labels = assign_labels(panels, find_labels(image, panels))
+    assert [labels[i] for i in order] == ["B", "C", "D"]
+
+
 def test_ocr_reads_jpeg_blurred_white_labels_inside_images() -> None:
     """Heavy JPEG dims and breaks the strokes of white "(a)" labels on dark images; the corner
     search thresholds relative to the ground, so the glyphs stay whole."""

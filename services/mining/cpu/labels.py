@@ -347,8 +347,9 @@ def _outside_candidates(
         plate = _plate_glyphs(region, members)
         invert = False
         # circled labels: drop a ring that encloses the other glyph components, read what is inside
-        if len(members) >= 2 and plate is None:
-            dropped = _drop_ring(region, members, keep)
+        if plate is None:
+            # two components: a ring round a glyph; one: a thin ring that the glyph touches
+            dropped = _drop_ring(region, members, keep) if len(members) >= 2 else _cut_ring(keep)
             if dropped is not keep and dropped.any():
                 ys, xs = np.nonzero(dropped)
                 inner = (
@@ -437,6 +438,42 @@ def _drop_ring(region: np.ndarray, members: list[int], keep: np.ndarray) -> np.n
         if inner and 0.7 <= (x2 - x1) / max(1, y2 - y1) <= 1.4:
             return keep & (region != m)
     return keep
+
+
+def _cut_ring(keep: np.ndarray) -> np.ndarray:
+    """The glyph inside a circle drawn round it when the two touch (one ink component): the
+    pixels well inside the ring, or ``keep`` itself when the shape is not a closed thin ring
+    with ink inside ("O" and "0" are rings with nothing inside)."""
+    ys, xs = np.nonzero(keep)
+    if ys.size == 0:
+        return keep
+    bh, bw = int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1)
+    if min(bh, bw) < 10 or not 0.8 <= bw / bh <= 1.25:
+        return keep
+    cy, cx = float(ys.min() + ys.max()) / 2.0, float(xs.min() + xs.max()) / 2.0
+    radius = (bh + bw) / 4.0
+    # the ring's thickness: the ink run met first coming in from the box's edge, on the axes
+    runs = []
+    for line in (keep[round(cy), :], keep[:, round(cx)]):
+        inked = np.flatnonzero(line)
+        for seq in (line[inked[0] :], line[inked[-1] :: -1]):
+            gaps = np.flatnonzero(~seq)
+            runs.append(int(gaps[0]) if gaps.size else len(seq))
+    thickness = float(np.median(runs))
+    if thickness > 0.3 * radius:
+        return keep  # a solid shape or a bold letter, not a thin ring
+    yy, xx = np.indices(keep.shape)
+    distance = np.hypot(yy - cy, xx - cx)
+    annulus = (distance >= radius - thickness - 0.5) & (distance <= radius + 0.5)
+    # a closed ring: ink in the annulus at nearly every angle
+    angles = np.arctan2(yy - cy, xx - cx)[annulus & keep]
+    covered = np.unique(np.floor((angles + np.pi) / (2 * np.pi) * 36).astype(int))
+    if covered.size < 32:
+        return keep
+    inner = keep & (distance < radius - thickness - 1.0)
+    if int(inner.sum()) < 0.05 * bh * bw:
+        return keep
+    return inner
 
 
 def _corner_distance(glyph: tuple[int, int, int, int], panel: Box, corner: str) -> float:
