@@ -47,3 +47,17 @@ def test_miner_takes_the_sequence_from_the_caption_not_from_the_readings() -> No
 
     caption = "(a) Blot. (b) Plot. (c) CT image. (d) MRI scan."
     assert CpuMiner._repair_labels(caption, ["a", None, "3", "d"]) == ["a", "b", "c", "d"]
+
+
+def test_a_reading_in_the_other_case_is_the_captions_label() -> None:
+    # "c" read for C, in a gap whose counts do not settle it (a panel more than labels)
+    read = ["A", "B", None, "c"]
+    assert repair_with_caption(read, ["A", "B", "C"]) == ["A", "B", None, "C"]
+
+
+def test_only_misreadings_and_as_many_panels_as_labels() -> None:
+    assert repair_with_caption(["e", "f", "g"], ["a", "b", "c"]) == ["a", "b", "c"]
+    assert repair_with_caption(["D", None], ["A", "B"]) == ["A", "B"]
+    # counts that differ, or a caption read as position words: nothing to go by
+    assert repair_with_caption(["e", "f"], ["a", "b", "c"]) == ["e", "f"]
+    assert repair_with_caption(["e", "f"], ["left", "right"]) == ["e", "f"]

@@ -191,6 +191,17 @@ def test_sequence_repairs_figure_number_labels() -> None:
     assert got == ["6j", "6i", "6k"]
 
 
+def test_clear_reading_off_the_series_rank_takes_the_series_case() -> None:
+    # an over-segmented panel shifts the ranks: "c" is no confusion of the D expected there, but
+    # in an upper-case series it is C
+    boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(4)]
+    panels = [panel(b) for b in boxes]
+    dets = [
+        detection(t, (boxes[k][0] - 14, 2, boxes[k][0] - 2, 16)) for k, t in ((0, "A"), (1, "B"), (3, "c"))
+    ]
+    assert assign_labels(panels, dets) == ["A", "B", None, "C"]
+
+
 def test_no_repair_without_a_clear_series() -> None:
     boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(3)]
     panels = [panel(b) for b in boxes]

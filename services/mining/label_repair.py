@@ -6,6 +6,10 @@ Reading order and label order agree in most figures but not all (a column read b
 row), so nothing is filled across an anchor pair whose panel gap and label gap differ, and a
 reading that is not in the caption, repeats a label, or breaks the order of its neighbours is
 replaced only when the gap it sits in is filled.
+
+A reading the caption names only in the other case ("c" for C) is the caption's label. When no
+reading is a caption label at all (all misread) and the figure has as many panels as the caption
+has labels, the caption's labels go to the panels in reading order.
 """
 
 from __future__ import annotations
@@ -43,6 +47,17 @@ def repair_with_caption(labels: Sequence[str | None], sequence: Sequence[str]) -
     if n < 2 or m < 2 or len(set(sequence)) != m:
         return out
     where = {label: s for s, label in enumerate(sequence)}
+    # OCR confuses the case of letters that look alike in both ("c"/"C", "s"/"S"): a reading that
+    # the caption names only in the other case is that label
+    folded: dict[str, list[str]] = {}
+    for label in sequence:
+        folded.setdefault(label.casefold(), []).append(label)
+    out = [
+        label
+        if label is None or label in where or len(folded.get(label.casefold(), [])) != 1
+        else folded[label.casefold()][0]
+        for label in out
+    ]
     seen: set[str] = set()
     points: list[tuple[int, int]] = []
     for r, label in enumerate(out):
@@ -50,6 +65,11 @@ def repair_with_caption(labels: Sequence[str | None], sequence: Sequence[str]) -
             seen.add(label)
             points.append((r, where[label]))
     if not points:
+        read = any(label is not None for label in out)
+        if read and n == m and all(len(label) <= 4 for label in sequence):  # not "left", "top"
+            # every reading is one the caption does not name (misread): as many panels as the
+            # caption has labels, in reading order, like a figure whose labels were not read
+            return list(sequence)
         return out  # nothing to align with (the pipeline assigns caption labels in reading order)
     chain = sorted(p for p in points if p[0] in _increasing_anchors(points))
     # Virtual anchors just outside the figure: the run before the first and after the last anchor

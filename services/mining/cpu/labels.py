@@ -976,7 +976,10 @@ def _repair_sequence(
         if pi in fitting and expected is not None and not keep:
             fixed[pi] = expected
         elif reading is not None and pi in strong:
-            fixed[pi] = reading  # a clear reading that no confusion explains: trust it
+            # a clear reading that no confusion at its rank explains: trust it, in the series'
+            # style when it has one ("c" in an upper-case series whose ranks are off)
+            styled = [o for o in _options(reading) if _style(o) == main]
+            fixed[pi] = reading if _style(reading) == main or not styled else styled[0]
         elif expected is not None and ((confirmed(rank - 1) and confirmed(rank + 1)) or bracketed(rank)):
             fixed[pi] = expected
     return _dedupe(fixed, confidence)
