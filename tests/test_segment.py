@@ -483,3 +483,25 @@ def _table_under_label() -> tuple[np.ndarray, list[tuple[float, float, float, fl
 def test_label_over_a_table_is_not_part_of_it() -> None:
     image, truth = _table_under_label()
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def _pair_with_labels_inside() -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
+    """Two touching images of one stain, each with a white label inside its top-left corner; the
+    right one is brighter over its upper half only, so their seam shows along half its length."""
+    rng = np.random.default_rng(17)
+    image = canvas(620, 280)
+    image[10:270, 10:310] = texture(rng, 300, 260, 100)
+    right = texture(rng, 300, 260, 100).astype(np.int16)
+    right[:130] += 40
+    image[10:270, 310:610] = np.clip(right, 0, 255).astype(np.uint8)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for x, text in ((15, "E"), (315, "F")):
+        draw.text((x, 13), text, fill=(255, 255, 255), font=font(18))
+    image[:] = np.asarray(pil)
+    return image, [(10.0, 10.0, 310.0, 270.0), (310.0, 10.0, 610.0, 270.0)]
+
+
+def test_labels_inside_touching_images_split_them_where_a_seam_runs() -> None:
+    image, truth = _pair_with_labels_inside()
+    assert_matches(segment_panels(image), truth, 0.9)

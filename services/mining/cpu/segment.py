@@ -1132,7 +1132,7 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
                 candidate_boxes.append((x1, y1, x2, y2))
     if not given:
         candidate_boxes = [_clip_out_of_parts(mask, box, parts, major) for box in candidate_boxes]
-    parts, major = _split_at_labels(content, edges, parts, major, candidate_boxes, u)
+    parts, major = _split_at_labels(content, edges, gray, parts, major, candidate_boxes, u)
     label_boxes, anchors = _anchor_labels(candidate_boxes, parts, major, glyphs.stats, u, trust=bool(given))
     # rejected guesses are ordinary content again
     if not given:
@@ -1275,6 +1275,7 @@ def _clip_out_of_parts(mask: np.ndarray, box: IntBox, parts: list[IntBox], major
 def _split_at_labels(
     content: np.ndarray,
     edges: _EdgeMaps,
+    gray: np.ndarray,
     parts: list[IntBox],
     major: list[bool],
     labels: list[IntBox],
@@ -1283,8 +1284,9 @@ def _split_at_labels(
     """Each label marks one panel: an image part headed by a label at its top-left corner and
     by more labels of that size further along its top edge (or down its left side) holds as
     many images, touching without a seam the colour or texture tests see (two fields of one
-    stain). Each is cut off where the first label's offset from the part's corner puts it,
-    moved to the strongest line of colour steps close by."""
+    stain). Labels printed inside the images count too. Each is cut off where the first
+    label's offset from the part's corner puts it, moved to the strongest line of colour steps
+    close by."""
     out_parts: list[IntBox] = []
     out_major: list[bool] = []
     for part, is_major in zip(parts, major, strict=True):
@@ -1293,18 +1295,26 @@ def _split_at_labels(
             out_parts.append(part)
             out_major.append(is_major)
             continue
-        pieces = _cut_at_labels(content, edges, part, labels, u, 0)
+        pieces = _cut_at_labels(content, edges, gray, part, labels, u, 0)
         out_parts.extend(pieces)
         out_major.extend(_is_major(content, piece, u) for piece in pieces)
     return out_parts, out_major
 
 
 def _cut_at_labels(
-    content: np.ndarray, edges: _EdgeMaps, part: IntBox, labels: list[IntBox], u: float, depth: int
+    content: np.ndarray,
+    edges: _EdgeMaps,
+    gray: np.ndarray,
+    part: IntBox,
+    labels: list[IntBox],
+    u: float,
+    depth: int,
 ) -> list[IntBox]:
     x1, y1, x2, y2 = part
     if depth > 6:
         return [part]
+    inside = _inside_labels(gray, part, u)
+    labels = labels + inside
     heads = [
         b
         for b in labels
@@ -1318,8 +1328,14 @@ def _cut_at_labels(
     gh = head[3] - head[1]
     like = [b for b in labels if b != head and 0.7 * gh <= b[3] - b[1] <= 1.4 * gh]
     tol = max(2.0, 0.4 * gh)
-    row = sorted(b[0] for b in like if abs(b[1] - head[1]) <= tol and x1 + 3 * gh < b[0] < x2 - 3 * gh)
-    column = sorted(b[1] for b in like if abs(b[0] - head[0]) <= tol and y1 + 3 * gh < b[1] < y2 - 3 * gh)
+    # (start, seen only inside the images): texture can pass for a glyph there, so such a
+    # label is trusted only where a seam runs
+    row = sorted(
+        (b[0], b in inside) for b in like if abs(b[1] - head[1]) <= tol and x1 + 3 * gh < b[0] < x2 - 3 * gh
+    )
+    column = sorted(
+        (b[1], b in inside) for b in like if abs(b[0] - head[0]) <= tol and y1 + 3 * gh < b[1] < y2 - 3 * gh
+    )
     for axis, starts in ((0, row), (1, column)):
         if not starts:
             continue
@@ -1327,7 +1343,7 @@ def _cut_at_labels(
         offset = (head[0] - x1) if axis == 0 else (head[1] - y1)
         strength = edges.profile("step", part, axis)
         cuts: list[int] = []
-        for start in starts:
+        for start, needs_seam in starts:
             expected = start - offset - lo  # part-relative
             a = max(int(expected - gh), (cuts[-1] if cuts else 0) + round(3 * gh))
             b = min(int(expected + gh) + 1, strength.size - round(3 * gh))
@@ -1337,6 +1353,8 @@ def _cut_at_labels(
             around = strength[max(0, a - 3 * gh) : b + 3 * gh]
             peak = int(np.argmax(window))
             strong = float(window[peak]) >= 1.5 * float(np.median(around)) + 4.0
+            if needs_seam and not (strong and _line_contrast(edges, part, axis, a + peak) >= 0.4):
+                continue
             cut = a + peak if strong else int(np.clip(round(expected), a, b - 1))
             cuts.append(cut)
         if not cuts:
@@ -1347,9 +1365,87 @@ def _cut_at_labels(
             box = (x1 + start, y1, x1 + stop, y2) if axis == 0 else (x1, y1 + start, x2, y1 + stop)
             tight = _tight(content, box)
             if tight is not None:
-                pieces.extend(_cut_at_labels(content, edges, tight, labels, u, depth + 1))
+                pieces.extend(_cut_at_labels(content, edges, gray, tight, labels, u, depth + 1))
         return pieces
     return [part]
+
+
+def _line_contrast(edges: _EdgeMaps, box: IntBox, axis: int, c: int) -> float:
+    """Share of the line at offset ``c`` (0: vertical) along which the colour step stands out
+    from the steps parallel to it."""
+    x1, y1, x2, y2 = box
+    d = edges.steps(axis)[y1:y2, x1:x2]
+    lines = d.T if axis == 0 else d
+    step = lines[max(0, c - 1) : c + 2].max(axis=0).astype(np.float32)
+    context = np.concatenate([lines[max(0, c - 10) : max(0, c - 3)], lines[c + 4 : c + 11]]).astype(
+        np.float32
+    )
+    local = np.median(context, axis=0) if context.size else np.zeros_like(step)
+    return float((step >= np.maximum(24.0, 2.0 * local + 8.0)).mean())
+
+
+def _inside_labels(gray: np.ndarray, part: IntBox, u: float) -> list[IntBox]:
+    """Labels printed inside touching images: when the part's top-left corner holds one, glyph
+    groups of its size and polarity level with it further along the top of the part, or
+    below it down the part's left side, are the labels of the images the part joins."""
+    x1, y1, x2, y2 = part
+    corner = corner_glyphs(gray, part, u, ("tl",), otsu=False)
+    if not corner:
+        return []
+    head = min(corner, key=lambda g: g.box[0] + g.box[1])
+    hx1, hy1, hx2, hy2 = head.box
+    gh = hy2 - hy1
+    tol = max(2, round(0.4 * gh))
+    found = [head.box]
+    bands = (
+        (min(x2, hx2 + 2 * gh), max(y1, hy1 - tol), x2, min(y2, hy2 + tol)),  # along the top
+        (max(x1, hx1 - tol), min(y2, hy2 + 2 * gh), min(x2, hx1 + round(3.2 * gh) + tol), y2),  # down
+    )
+    for bx1, by1, bx2, by2 in bands:
+        if bx2 - bx1 < gh or by2 - by1 < gh:
+            continue
+        crop = gray[by1:by2, bx1:bx2]
+        ground = float(np.median(crop))
+        if head.invert:
+            text_mask = crop >= min(230.0, max(185.0, ground + 0.7 * (255.0 - ground)))
+        else:
+            text_mask = crop <= max(30.0, min(70.0, 0.3 * ground))
+        found.extend(
+            (bx1 + gx1, by1 + gy1, bx1 + gx2, by1 + gy2)
+            for gx1, gy1, gx2, gy2 in _band_glyph_groups(crop, text_mask, gh)
+        )
+    return found
+
+
+def _band_glyph_groups(crop: np.ndarray, text_mask: np.ndarray, gh: int) -> list[IntBox]:
+    """Isolated glyph groups about ``gh`` tall that stand out from the ground around them."""
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(text_mask.astype(np.uint8), connectivity=8)
+    size = max(crop.shape)
+    out: list[IntBox] = []
+    for cid in range(1, n):
+        bx, by, bw, bh, area = (int(v) for v in stats[cid])
+        if not (0.7 * gh <= bh <= 1.4 * gh and bw <= 1.6 * bh + 2 and area >= 0.12 * bw * bh):
+            continue
+        if any(b[0] <= bx < b[2] and b[1] <= by < b[3] for b in out):
+            continue
+        members = _line_mates(labels, stats, cid, size, False)
+        if members is None:
+            continue
+        wx1 = min(int(stats[k, 0]) for k in members)
+        wy1 = min(int(stats[k, 1]) for k in members)
+        wx2 = max(int(stats[k, 0] + stats[k, 2]) for k in members)
+        wy2 = max(int(stats[k, 1] + stats[k, 3]) for k in members)
+        if wx2 - wx1 > 3.2 * (wy2 - wy1):
+            continue
+        pad = max(2, round(0.3 * (wy2 - wy1)))
+        px1, py1 = max(0, wx1 - pad), max(0, wy1 - pad)
+        region = labels[py1 : wy2 + pad, px1 : wx2 + pad]
+        glyph_px = crop[py1 : wy2 + pad, px1 : wx2 + pad][np.isin(region, members)]
+        ground = crop[py1 : wy2 + pad, px1 : wx2 + pad][region == 0]
+        if ground.size < 4 or abs(float(np.median(glyph_px)) - float(np.median(ground))) < 70:
+            continue
+        out.append((wx1, wy1, wx2, wy2))
+    return out
 
 
 def _trim_fringes(content: np.ndarray, box: IntBox, u: float) -> tuple[IntBox, list[IntBox]]:
