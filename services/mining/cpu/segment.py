@@ -526,29 +526,39 @@ def _glyph_groups(
         if (corner[0] == "t" and by + bh >= size - 1) or (corner[0] == "b" and by <= 0):
             continue
         members = _line_mates(labels, stats, cid, size, grow)
-        if members is None:
+        group = None if members is None else _standout_group(crop, labels, stats, members)
+        if group is None:
             continue
-        wx1 = min(int(stats[k, 0]) for k in members)
-        wy1 = min(int(stats[k, 1]) for k in members)
-        wx2 = max(int(stats[k, 0] + stats[k, 2]) for k in members)
-        wy2 = max(int(stats[k, 1] + stats[k, 3]) for k in members)
-        if wx2 - wx1 > 3.2 * (wy2 - wy1):
-            continue
-        pad = max(2, round(0.3 * (wy2 - wy1)))
-        px1, py1 = max(0, wx1 - pad), max(0, wy1 - pad)
-        px2, py2 = min(size, wx2 + pad), min(size, wy2 + pad)
-        region = labels[py1:py2, px1:px2]
-        keep = np.isin(region, members)
-        glyph_px = crop[py1:py2, px1:px2][keep]
-        ground = crop[py1:py2, px1:px2][region == 0]
-        if glyph_px.size == 0 or ground.size < 4:
-            continue
-        if abs(float(np.median(glyph_px)) - float(np.median(ground))) < 70:
-            continue
+        word, padded, keep, ground = group
         if calm and float(np.std(ground)) > 35:
             continue
-        found.append(((wx1, wy1, wx2, wy2), (px1, py1, px2, py2), keep))
+        found.append((word, padded, keep))
     return found
+
+
+def _standout_group(
+    crop: np.ndarray, labels: np.ndarray, stats: np.ndarray, members: list[int]
+) -> tuple[IntBox, IntBox, np.ndarray, np.ndarray] | None:
+    """The box of a glyph group, a padded box around it, its pixels in the padded box and the
+    ground's, when it is no wider than a label and stands out from the ground (None if not)."""
+    wx1 = min(int(stats[k, 0]) for k in members)
+    wy1 = min(int(stats[k, 1]) for k in members)
+    wx2 = max(int(stats[k, 0] + stats[k, 2]) for k in members)
+    wy2 = max(int(stats[k, 1] + stats[k, 3]) for k in members)
+    if wx2 - wx1 > 3.2 * (wy2 - wy1):
+        return None
+    pad = max(2, round(0.3 * (wy2 - wy1)))
+    px1, py1 = max(0, wx1 - pad), max(0, wy1 - pad)
+    px2, py2 = min(crop.shape[1], wx2 + pad), min(crop.shape[0], wy2 + pad)
+    region = labels[py1:py2, px1:px2]
+    keep = np.isin(region, members)
+    glyph_px = crop[py1:py2, px1:px2][keep]
+    ground = crop[py1:py2, px1:px2][region == 0]
+    if glyph_px.size == 0 or ground.size < 4:
+        return None
+    if abs(float(np.median(glyph_px)) - float(np.median(ground))) < 70:
+        return None
+    return (wx1, wy1, wx2, wy2), (px1, py1, px2, py2), keep, ground
 
 
 # --------------------------------------------------------------------------------------------
@@ -1429,22 +1439,9 @@ def _band_glyph_groups(crop: np.ndarray, text_mask: np.ndarray, gh: int) -> list
         if any(b[0] <= bx < b[2] and b[1] <= by < b[3] for b in out):
             continue
         members = _line_mates(labels, stats, cid, size, False)
-        if members is None:
-            continue
-        wx1 = min(int(stats[k, 0]) for k in members)
-        wy1 = min(int(stats[k, 1]) for k in members)
-        wx2 = max(int(stats[k, 0] + stats[k, 2]) for k in members)
-        wy2 = max(int(stats[k, 1] + stats[k, 3]) for k in members)
-        if wx2 - wx1 > 3.2 * (wy2 - wy1):
-            continue
-        pad = max(2, round(0.3 * (wy2 - wy1)))
-        px1, py1 = max(0, wx1 - pad), max(0, wy1 - pad)
-        region = labels[py1 : wy2 + pad, px1 : wx2 + pad]
-        glyph_px = crop[py1 : wy2 + pad, px1 : wx2 + pad][np.isin(region, members)]
-        ground = crop[py1 : wy2 + pad, px1 : wx2 + pad][region == 0]
-        if ground.size < 4 or abs(float(np.median(glyph_px)) - float(np.median(ground))) < 70:
-            continue
-        out.append((wx1, wy1, wx2, wy2))
+        group = None if members is None else _standout_group(crop, labels, stats, members)
+        if group is not None:
+            out.append(group[0])
     return out
 
 
