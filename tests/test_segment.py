@@ -505,3 +505,23 @@ def _pair_with_labels_inside() -> tuple[np.ndarray, list[tuple[float, float, flo
 def test_labels_inside_touching_images_split_them_where_a_seam_runs() -> None:
     image, truth = _pair_with_labels_inside()
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_touching_images_without_a_label_stay_together_in_a_labelled_figure() -> None:
+    """Two labelled images and a group of two touching images whose label is not there to read:
+    the group is one panel, as it would be under its label."""
+    rng = np.random.default_rng(18)
+    image = canvas(780, 300)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for x, text in ((10, "a"), (270, "b")):
+        draw.text((x, 4), text, fill=(0, 0, 0), font=font(20))
+    image[:] = np.asarray(pil)
+    truth = []
+    for x in (10, 270):
+        image[34:284, x : x + 240] = texture(rng, 240, 250, 110)
+        truth.append((float(x), 34.0, float(x + 240), 284.0))
+    image[34:284, 530:650] = texture(rng, 120, 250, 70)
+    image[34:284, 651:770] = texture(rng, 119, 250, 150)
+    truth.append((530.0, 34.0, 770.0, 284.0))
+    assert_matches(segment_panels(image), truth, 0.9)

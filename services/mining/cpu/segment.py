@@ -937,11 +937,10 @@ def _cluster(
         if small < 0.3 * large and small < 0.05 * fig_area and _facing(a.box, b.box):
             return small_gap
         if has_labels:
-            if a.dense and b.dense:
-                # an unlabelled image joins a labelled one it (nearly) touches: sub-images
-                return touch_gap if (a.anchor >= 0) != (b.anchor >= 0) else -1.0
             if a.dense or b.dense:
-                return touch_gap  # an image and a drawing are one panel only when touching
+                # images (nearly) touching are sub-images of one panel, under its label or under
+                # one that went unread; an image and a drawing are one panel only when touching
+                return touch_gap
             return sub_gap
         return -1.0
 
