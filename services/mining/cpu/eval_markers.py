@@ -11,7 +11,10 @@ image-type panel using the annotated panel box, and reports:
   marker of their panel; strict precision uses the strict rule only;
 * recall per kind, milliseconds per figure (detection on its image panels only);
 * when the annotations carry ``target_box`` (synthetic figures), the mean IoU of the best
-  predicted target box per found marker.
+  predicted target box per found marker;
+* kind accuracy of found markers: some prediction that finds it has the same kind (exact), or
+  a kind the caption's words for it also refer to (``regions.MENTION_KINDS``: "arrows" attach
+  to arrowheads, "asterisk" to stars), so its caption fragment still attaches.
 
     python -m p2p.mining.cpu.eval_markers --dir /work/shared/data/real-figures
 """
@@ -33,6 +36,7 @@ import numpy as np
 from PIL import Image
 
 from p2p.mining.cpu.markers import detect_markers
+from p2p.mining.regions import MENTION_KINDS
 from p2p.mining.types import Marker
 from p2p.shared.geometry import Box, contains_point, from_inclusive, iou
 
@@ -54,6 +58,8 @@ class Report:
     cpu_ms_per_figure: float = 0.0  # CPU time of this process (OpenCV single-threaded in main())
     per_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [truth, lenient, strict]
     target_iou: list[float] = field(default_factory=list)
+    kind_exact: int = 0
+    kind_attach: int = 0
     misses: list[str] = field(default_factory=list)
     false_positives: list[str] = field(default_factory=list)
 
@@ -72,6 +78,9 @@ class Report:
     @property
     def precision_strict(self) -> float:
         return self.true_predicted_strict / self.predicted if self.predicted else 0.0
+
+    def _of_found(self, count: int) -> float | None:
+        return round(count / self.found_lenient, 4) if self.found_lenient else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +102,8 @@ class Report:
                 }
                 for k, v in sorted(self.per_kind.items())
             },
+            "kind_accuracy_exact": self._of_found(self.kind_exact),
+            "kind_accuracy_caption": self._of_found(self.kind_attach),
             "mean_target_iou": round(float(np.mean(self.target_iou)), 4) if self.target_iou else None,
             "lenient_margin": f"{LENIENT_MARGIN:.0%} of panel diagonal",
             "strict_radius": f"{STRICT_RADIUS:.0%} of panel diagonal",
@@ -114,7 +125,7 @@ def _in_panel(marker: dict[str, Any], index: int, label: str | None) -> bool:
     return bool(marker.get("panel") == label)
 
 
-def evaluate(directory: Path) -> Report:
+def evaluate(directory: Path, *, use_net: bool = True, net_threshold: float | None = None) -> Report:
     annotations = json.loads((directory / "annotations.json").read_text())
     report = Report()
     total_seconds = 0.0
@@ -136,7 +147,7 @@ def evaluate(directory: Path) -> Report:
             pbox: Box = from_inclusive(panel["box"])
             diag = math.hypot(pbox[2] - pbox[0], pbox[3] - pbox[1])
             started, cpu_started = time.perf_counter(), time.process_time()
-            preds = detect_markers(image, pbox)
+            preds = detect_markers(image, pbox, use_net=use_net, net_threshold=net_threshold)
             total_seconds += time.perf_counter() - started
             cpu_seconds += time.process_time() - cpu_started
             label = panel.get("label")
@@ -155,6 +166,10 @@ def evaluate(directory: Path) -> Report:
                 report.found_strict += strict
                 counts[1] += lenient
                 counts[2] += strict
+                if lenient:
+                    kinds = {p.kind for p in preds if _hit_lenient(p, point, margin)}
+                    report.kind_exact += kind in kinds
+                    report.kind_attach += bool(kinds & set(MENTION_KINDS.get(kind, (kind,))))
                 if "target_box" in gt and lenient:
                     tbox = from_inclusive(gt["target_box"])
                     report.target_iou.append(max(iou(p.target_box, tbox) for p in preds))
@@ -187,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON only")
     parser.add_argument("--verbose", action="store_true", help="list misses and false positives")
+    parser.add_argument("--no-net", action="store_true", help="the rule-based detector alone")
+    parser.add_argument("--net-threshold", type=float, default=None, help="override the network's threshold")
     args = parser.parse_args(argv)
     cv2.setNumThreads(1)  # the speed budget is for a single thread
-    report = evaluate(args.dir)
+    report = evaluate(args.dir, use_net=not args.no_net, net_threshold=args.net_threshold)
     summary = report.as_dict()
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -202,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"precision {report.precision:.3f} (strict {strict_p}) of {report.predicted} predicted")
     for kind, (n, lenient, strict) in sorted(report.per_kind.items()):
         print(f"  {kind:10s} n={n:3d} lenient {lenient / n:.3f} strict {strict / n:.3f}")
+    if report.found_lenient:
+        exact, attach = summary["kind_accuracy_exact"], summary["kind_accuracy_caption"]
+        print(f"kind of found markers: exact {exact:.3f}, caption words attach {attach:.3f}")
     if summary["mean_target_iou"] is not None:
         print(f"mean IoU of target boxes (found markers): {summary['mean_target_iou']:.3f}")
     wall, cpu = f"{report.ms_per_figure:.1f}", f"{report.cpu_ms_per_figure:.1f}"

@@ -1,0 +1,310 @@
+"""Train the marker network (``marker_net``) on synthetic compound figures.
+
+The generator (``p2p.mining.synth``) writes figures with exact ground truth per marker (kind,
+glyph box, target point, target box, direction); this script crops their image panels, samples
+fixed-size patches (most centred near a marker, the rest anywhere, so the network also learns
+what is not a marker), flips them for variety and trains CenterNet-style: focal loss on the heat
+maps, L1 on offsets, box sides and direction at the point cells. Deterministic given ``--seed``
+(data order, augmentation and initialisation), CPU only, ``--threads`` torch threads.
+
+    python -m p2p.mining.cpu.train_marker_net --data /tmp/marker-train --figures 1600 \\
+        --data-seed 100000 --steps 4000 --threads 2 --out services/mining/cpu/marker_net.pt
+
+The figures are generated into ``--data`` when it holds no ``annotations.json`` yet. Training
+seeds are 100000-199999 only: other seeds are for development and held-out evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from p2p.mining.cpu.marker_net import (
+    ALIGN,
+    DIR,
+    N_KINDS,
+    OFF,
+    STRIDE,
+    MarkerNet,
+    encode_targets,
+    save_weights,
+    to_input,
+)
+
+TRAIN_SEEDS = range(100000, 200000)
+
+
+@dataclass
+class _Crop:
+    rgb: np.ndarray  # image panel, H x W x 3 uint8
+    markers: list[dict[str, Any]]  # crop pixels, exclusive boxes
+
+
+def _exclusive(box: list[float], x0: int, y0: int) -> tuple[float, float, float, float]:
+    return (box[0] - x0, box[1] - y0, box[2] + 1 - x0, box[3] + 1 - y0)
+
+
+def load_crops(folder: Path) -> list[_Crop]:
+    """Image panels of every figure in ``folder`` with their markers in crop coordinates."""
+    annotations = json.loads((folder / "annotations.json").read_text(encoding="utf-8"))
+    crops: list[_Crop] = []
+    for name, fig in sorted(annotations.items()):
+        if name.startswith("_") or not isinstance(fig, dict):
+            continue
+        image = np.asarray(Image.open(folder / name).convert("RGB"))
+        for index, panel in enumerate(fig.get("panels", [])):
+            if panel.get("type") != "image":
+                continue
+            x1, y1, x2, y2 = (int(v) for v in panel["box"])
+            rgb = np.ascontiguousarray(image[y1 : y2 + 1, x1 : x2 + 1])
+            if rgb.shape[0] < 16 or rgb.shape[1] < 16:
+                continue
+            markers = [
+                {
+                    "kind": m["kind"],
+                    "point": (float(m["target_point"][0] - x1), float(m["target_point"][1] - y1)),
+                    "target": _exclusive(m["target_box"], x1, y1),
+                    "glyph": _exclusive(m["glyph_box"], x1, y1),
+                    "direction": m.get("direction_deg"),
+                }
+                for m in fig.get("markers", [])
+                if m.get("panel_index") == index and m.get("context", "image") == "image"
+            ]
+            crops.append(_Crop(rgb, markers))
+    return crops
+
+
+def _flip(markers: list[dict[str, Any]], w: int, h: int, fx: bool, fy: bool) -> list[dict[str, Any]]:
+    """Markers of a crop mirrored left-right (``fx``) and/or top-bottom (``fy``)."""
+    out = []
+    for m in markers:
+        px, py = m["point"]
+        t, g, d = m["target"], m["glyph"], m["direction"]
+        if fx:
+            px = w - 1 - px
+            t = (w - t[2], t[1], w - t[0], t[3])
+            g = (w - g[2], g[1], w - g[0], g[3])
+            d = None if d is None else (180.0 - d) % 360.0
+        if fy:
+            py = h - 1 - py
+            t = (t[0], h - t[3], t[2], h - t[1])
+            g = (g[0], h - g[3], g[2], h - g[1])
+            d = None if d is None else (-d) % 360.0
+        out.append({"kind": m["kind"], "point": (px, py), "target": t, "glyph": g, "direction": d})
+    return out
+
+
+def _shift(m: dict[str, Any], dx: int, dy: int) -> dict[str, Any]:
+    def mv(b: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
+        return (b[0] - dx, b[1] - dy, b[2] - dx, b[3] - dy)
+
+    px, py = m["point"]
+    return {**m, "point": (px - dx, py - dy), "target": mv(m["target"]), "glyph": mv(m["glyph"])}
+
+
+class Sampler:
+    """Patches of ``size`` x ``size`` pixels with their targets, from a seeded generator."""
+
+    def __init__(self, crops: list[_Crop], size: int, seed: int, marker_share: float = 0.6) -> None:
+        self.crops = crops
+        self.size = size
+        self.rng = np.random.default_rng(seed)
+        self.marker_share = marker_share
+        self.with_markers = [(i, j) for i, c in enumerate(crops) for j in range(len(c.markers))]
+        area = np.array([c.rgb.shape[0] * c.rgb.shape[1] for c in crops], dtype=np.float64)
+        self.area_p = area / area.sum()
+
+    def _window(self, extent: int, focus: float | None) -> int:
+        """Start of the patch along one axis; ``focus`` (a marker point) lands inside it."""
+        if extent <= self.size:
+            return 0
+        hi = extent - self.size
+        if focus is None:
+            return int(self.rng.integers(0, hi + 1))
+        margin = min(24, self.size // 4)
+        lo_s = max(0, math.ceil(focus - self.size + margin))
+        hi_s = min(hi, math.floor(focus - margin))
+        if hi_s < lo_s:
+            return int(np.clip(round(focus - self.size / 2), 0, hi))
+        return int(self.rng.integers(lo_s, hi_s + 1))
+
+    def sample(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        rng = self.rng
+        focus: tuple[float, float] | None = None
+        if self.with_markers and rng.random() < self.marker_share:
+            ci, mi = self.with_markers[int(rng.integers(len(self.with_markers)))]
+            focus = self.crops[ci].markers[mi]["point"]
+        else:
+            ci = int(rng.choice(len(self.crops), p=self.area_p))
+        crop = self.crops[ci]
+        h, w = crop.rgb.shape[:2]
+        x0 = self._window(w, None if focus is None else focus[0])
+        y0 = self._window(h, None if focus is None else focus[1])
+        pw, ph = min(self.size, w), min(self.size, h)
+        rgb = crop.rgb[y0 : y0 + ph, x0 : x0 + pw]
+        markers = [_shift(m, x0, y0) for m in crop.markers]
+        fx, fy = bool(rng.random() < 0.5), bool(rng.random() < 0.5)
+        if fx:
+            rgb = rgb[:, ::-1]
+        if fy:
+            rgb = rgb[::-1]
+        markers = _flip(markers, pw, ph, fx, fy)
+        # Pad bottom/right only, by edge replication, exactly as inference pads a panel.
+        rgb = np.pad(rgb, ((0, self.size - ph), (0, self.size - pw), (0, 0)), mode="edge")
+        inside = [m for m in markers if 0 <= m["point"][0] < pw and 0 <= m["point"][1] < ph]
+        heat, reg, mask, dmask = encode_targets(inside, self.size, self.size)
+        return np.ascontiguousarray(rgb), heat, reg, mask, dmask
+
+    def batch(self, n: int) -> tuple[torch.Tensor, ...]:
+        items = [self.sample() for _ in range(n)]
+        x = to_input(np.stack([it[0] for it in items]))
+        rest = [torch.from_numpy(np.stack([it[k] for it in items])) for k in range(1, 5)]
+        return (x, *rest)
+
+
+def losses(
+    out: torch.Tensor, heat: torch.Tensor, reg: torch.Tensor, mask: torch.Tensor, dmask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """CenterNet's penalty-reduced focal loss on the heat maps, L1 on the regressions."""
+    pred = torch.sigmoid(out[:, :N_KINDS]).clamp(1e-4, 1 - 1e-4)
+    pos = heat.eq(1.0).float()
+    npos = pos.sum().clamp(min=1.0)
+    pos_loss = (torch.log(pred) * (1 - pred) ** 2 * pos).sum()
+    neg_loss = (torch.log(1 - pred) * pred**2 * (1 - heat) ** 4 * (1 - pos)).sum()
+    focal = -(pos_loss + neg_loss) / npos
+    n_reg = mask.sum().clamp(min=1.0)
+    box = ((out[:, OFF:DIR] - reg[:, : DIR - OFF]).abs() * mask).sum() / n_reg
+    n_dir = dmask.sum().clamp(min=1.0)
+    direction = ((out[:, DIR:] - reg[:, DIR - OFF :]).abs() * dmask).sum() / n_dir
+    return {"heat": focal, "box": box, "dir": direction, "total": focal + 0.25 * box + 0.5 * direction}
+
+
+def train(
+    crops: list[_Crop],
+    *,
+    steps: int,
+    batch: int,
+    patch: int,
+    seed: int,
+    lr: float = 3e-3,
+    log_every: int = 50,
+    checkpoint: Path | None = None,
+    save_every: int = 0,
+    meta: dict[str, Any] | None = None,
+    init: MarkerNet | None = None,
+) -> MarkerNet:
+    torch.manual_seed(seed)
+    net = MarkerNet()
+    if init is not None:
+        net.load_state_dict(init.state_dict())
+    net.train()
+    sampler = Sampler(crops, patch, seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
+    warm = max(1, min(200, steps // 10))
+
+    def rate(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
+    started = time.perf_counter()
+    running: dict[str, float] = {}
+    for step in range(steps):
+        x, heat, reg, mask, dmask = sampler.batch(batch)
+        parts = losses(net(x), heat, reg, mask, dmask)
+        opt.zero_grad(set_to_none=True)
+        parts["total"].backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
+        opt.step()
+        sched.step()
+        for k, v in parts.items():
+            running[k] = running.get(k, 0.0) + float(v.detach())
+        if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
+            n = log_every if (step + 1) % log_every == 0 else (step + 1) % log_every
+            text = " ".join(f"{k} {v / n:.4f}" for k, v in running.items())
+            print(f"step {step + 1}/{steps} {text} {time.perf_counter() - started:.0f}s", flush=True)
+            running = {}
+        if checkpoint is not None and save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            net.eval()
+            save_weights(net, checkpoint, {**(meta or {}), "steps_done": step + 1})
+            net.train()
+    net.eval()
+    return net
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True, help="figures (made if empty)")
+    parser.add_argument("--figures", type=int, default=1600, help="figures to generate when --data is empty")
+    parser.add_argument("--data-seed", type=int, default=100000, help="generator seed, 100000-199999")
+    parser.add_argument("--seed", type=int, default=0, help="sampling, augmentation and initialisation")
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--patch", type=int, default=256, help="patch side, a multiple of 32")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--save-every", type=int, default=500, help="checkpoint to --out every N steps")
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--out", type=Path, required=True, help="weights file to write")
+    parser.add_argument("--init", type=Path, default=None, help="continue from these weights")
+    args = parser.parse_args(argv)
+    if args.data_seed not in TRAIN_SEEDS:
+        parser.error("--data-seed must be a training seed (100000-199999)")
+    if args.patch % ALIGN or args.patch < ALIGN:
+        parser.error(f"--patch must be a positive multiple of {ALIGN}")
+    torch.set_num_threads(max(1, args.threads))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if not (args.data / "annotations.json").is_file():
+        from p2p.mining.synth.dataset import write_dataset
+
+        print(f"generating {args.figures} figures (seed {args.data_seed}) into {args.data}", flush=True)
+        write_dataset(args.data, args.figures, args.data_seed)
+    crops = load_crops(args.data)
+    if not crops:
+        parser.error(f"no image panels in {args.data}")
+    n_markers = sum(len(c.markers) for c in crops)
+    print(f"{len(crops)} image panels, {n_markers} markers, stride {STRIDE}", flush=True)
+    meta = {
+        "data_seed": args.data_seed,
+        "figures": args.figures,
+        "seed": args.seed,
+        "steps": args.steps,
+        "batch": args.batch,
+        "patch": args.patch,
+        "lr": args.lr,
+    }
+    init = None
+    if args.init is not None:
+        blob = torch.load(args.init, map_location="cpu", weights_only=True)
+        init = MarkerNet()
+        init.load_state_dict(blob["state_dict"])
+        meta["init"] = {"file": args.init.name, **blob.get("meta", {})}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    settings = {k: meta[k] for k in ("steps", "batch", "patch", "seed", "lr")}
+    net = train(
+        crops,
+        **settings,
+        log_every=args.log_every,
+        checkpoint=args.out,
+        save_every=args.save_every,
+        meta=meta,
+        init=init,
+    )
+    save_weights(net, args.out, meta)
+    print(f"wrote {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
