@@ -264,3 +264,14 @@ def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones(m
     fused = _fuse_net(panel, [confirmed, unconfirmed, sure, inset], rules_module.NET_THRESHOLDS)
     assert fused[:3] == [confirmed, sure, inset]  # the unsupported low-scoring star is gone
     assert fused[3:] == [net[1]]  # the weak arrow stays out; the box is the rules' own
+
+
+def test_two_network_peaks_on_one_glyph_make_one_marker(monkeypatch):
+    from p2p.mining.cpu import markers as rules_module
+    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
+
+    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+    first = _Cand("arrowhead", (80, 60, 92, 74), (90.0, 72.0), 0.5, region=(85.0, 68.0, 110.0, 95.0))
+    second = _Cand("arrowhead", (81, 66, 93, 78), (91.0, 77.0), 0.4, region=(86.0, 73.0, 111.0, 100.0))
+    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold: [first, second])
+    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == [first]

@@ -1985,7 +1985,10 @@ def _fuse_net(panel: _Panel, rules: list[_Cand], thresholds: dict[str, float]) -
     w, h = panel.w, panel.h
     net = _net_cands(panel, min(_NET_SUPPORT, *thresholds.values()))
     kept = [r for r in rules if r.score >= _RULE_SURE or r.kind == "inset" or _supported(r, net, w, h)]
-    added = [c for c in net if c.score >= thresholds[c.kind] and not _explained(c, kept, w, h)]
+    added: list[_Cand] = []
+    for c in net:  # best first; a second peak on one glyph (two kinds, two cells) is one marker
+        if c.score >= thresholds[c.kind] and not _explained(c, kept + added, w, h):
+            added.append(c)
     return kept + added
 
 
