@@ -202,6 +202,39 @@ def test_clear_reading_off_the_series_rank_takes_the_series_case() -> None:
     assert assign_labels(panels, dets) == ["A", "B", None, "C"]
 
 
+def test_second_look_reads_other_preparations_in_the_figures_style() -> None:
+    import p2p.mining.cpu.labels as labels_module
+
+    class Recogniser:
+        """Reads "1" (a "1d" whose "d" the opened gaps split) unless the crop is prepared
+        without them."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def read(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
+            self.calls += 1
+            return [("1d", 0.7) if k in (0, 1) else ("1", 0.9) for k in range(len(crops))]
+
+    gray = np.full((60, 200), 255, dtype=np.uint8)
+    gray[10:22, 150:170] = 0
+    box = (150, 10, 170, 22)
+    source = (gray[8:24, 148:172] < 128, (148, 8, 172, 24), False, False)
+    cand = labels_module._Candidate(box=box, crop=gray[:32, :48], panel=3, prior=0.9, source=source)
+    clear = [
+        (k, detection(t, (10.0 + 30 * k, 2.0, 30.0 + 30 * k, 14.0))) for k, t in enumerate(["1a", "1b", "1c"])
+    ]
+    first = [*clear, (3, detection("1", (150.0, 10.0, 170.0, 22.0), 0.9))]
+    engine = Recogniser()
+    got = labels_module._second_look(engine, gray, [cand], first)  # type: ignore[arg-type]
+    assert engine.calls == 1
+    assert sorted(d.text for _, d in got) == ["1a", "1b", "1c", "1d"]
+    # a figure without two clear readings to tell its style is not read again
+    engine = Recogniser()
+    assert labels_module._second_look(engine, gray, [cand], first[3:]) == first[3:]  # type: ignore[arg-type]
+    assert engine.calls == 0
+
+
 def test_no_repair_without_a_clear_series() -> None:
     boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(3)]
     panels = [panel(b) for b in boxes]

@@ -50,8 +50,8 @@ def repair_with_caption(labels: Sequence[str | None], sequence: Sequence[str]) -
     # OCR confuses the case of letters that look alike in both ("c"/"C", "s"/"S"): a reading that
     # the caption names only in the other case is that label
     folded: dict[str, list[str]] = {}
-    for label in sequence:
-        folded.setdefault(label.casefold(), []).append(label)
+    for name in sequence:
+        folded.setdefault(name.casefold(), []).append(name)
     out = [
         label
         if label is None or label in where or len(folded.get(label.casefold(), [])) != 1

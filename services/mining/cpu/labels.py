@@ -209,12 +209,18 @@ def warm_up() -> None:
 # candidates
 
 
+# what a crop was made from: glyph mask (None: the plain grey box), crop box, inverted, cores
+_Source = tuple[np.ndarray | None, tuple[int, int, int, int], bool, bool]
+
+
 @dataclass
 class _Candidate:
     box: tuple[int, int, int, int]  # glyphs, figure pixels, exclusive
     crop: np.ndarray  # grey, dark glyphs on white, REC_HEIGHT tall
     panel: int
     prior: float  # geometric plausibility, 0..1
+    source: _Source | None = None  # to prepare the crop again another way
+    text: str | None = None  # the label read from it (set by _read)
 
 
 def _prepare_crop(
@@ -224,9 +230,11 @@ def _prepare_crop(
     invert: bool,
     *,
     cores: bool = False,
+    spread: bool = True,
+    height: int = GLYPH_HEIGHT,
 ) -> np.ndarray:
     """Grey crop of ``box`` (glyphs plus a 1-2 px margin) with everything but the glyphs whitened,
-    scaled so the crop is ``GLYPH_HEIGHT`` tall; thin glyphs (i, j, l, 1) are widened a little,
+    scaled so the crop is ``height`` tall; thin glyphs (i, j, l, 1) are widened a little,
     which the recogniser reads far more reliably."""
     x1, y1, x2, y2 = box
     patch = gray[y1:y2, x1:x2].astype(np.float32)
@@ -241,15 +249,16 @@ def _prepare_crop(
     if lo < ground - 5:  # stretch contrast: glyph core black, background white
         patch = np.clip((patch - lo) * (255.0 / max(1.0, ground - lo)), 0, 255)
     # with the ground laid white, any grey left is glyph: a thin junction ("d" at 12 px) stays ink
-    patch = _spread(patch, 250.0 if keep is not None and cores else 160.0)
+    if spread:
+        patch = _spread(patch, 250.0 if keep is not None and cores else 160.0)
     h, w = patch.shape
-    scale = GLYPH_HEIGHT / max(1, h)
+    scale = height / max(1, h)
     new_w = max(MIN_GLYPH_WIDTH, round(w * scale))
-    resized = cv2.resize(patch, (new_w, GLYPH_HEIGHT), interpolation=cv2.INTER_CUBIC)
-    pad_y = (REC_HEIGHT - GLYPH_HEIGHT) // 2
+    resized = cv2.resize(patch, (new_w, height), interpolation=cv2.INTER_CUBIC)
+    pad_y = (REC_HEIGHT - height) // 2
     pad_x = pad_y
     canvas = np.full((REC_HEIGHT, max(REC_HEIGHT, new_w + 2 * pad_x)), 255.0, dtype=np.float32)
-    canvas[pad_y : pad_y + GLYPH_HEIGHT, pad_x : pad_x + new_w] = resized
+    canvas[pad_y : pad_y + height, pad_x : pad_x + new_w] = resized
     return np.clip(canvas, 0, 255).astype(np.uint8)
 
 
@@ -372,7 +381,8 @@ def _outside_candidates(
             x1, y1, x2, y2 = ix1, iy1, ix2, iy2
             invert = True
         crop = _prepare_crop(gray, keep, (x1, y1, x2, y2), invert=invert)
-        out.append(_Candidate(box=word, crop=crop, panel=best, prior=best_prior))
+        source = (keep, (x1, y1, x2, y2), invert, False)
+        out.append(_Candidate(box=word, crop=crop, panel=best, prior=best_prior, source=source))
     return out
 
 
@@ -513,7 +523,8 @@ def _inside_candidates(gray: np.ndarray, panels: list[Box], indices: list[int], 
             glyph = glyphs[i]
             crop = _prepare_crop(gray, glyph.keep, glyph.crop_box, invert=glyph.invert, cores=True)
             prior = 0.9 - min(0.5, distance / side)
-            out.append(_Candidate(box=glyph.box, crop=crop, panel=k, prior=prior))
+            source = (glyph.keep, glyph.crop_box, glyph.invert, True)
+            out.append(_Candidate(box=glyph.box, crop=crop, panel=k, prior=prior, source=source))
     return out
 
 
@@ -544,7 +555,9 @@ def _detector_candidates(
             continue
         invert = float(np.median(patch)) < 128
         crop_g = _prepare_crop(gray, None, (fx1, fy1, fx2, fy2), invert=invert)
-        out.append(_Candidate(box=(fx1, fy1, fx2, fy2), crop=crop_g, panel=index, prior=0.4))
+        box = (fx1, fy1, fx2, fy2)
+        source = (None, box, invert, False)
+        out.append(_Candidate(box=box, crop=crop_g, panel=index, prior=0.4, source=source))
     return out
 
 
@@ -581,7 +594,9 @@ def find_labels(image: np.ndarray, panels: Sequence[PanelCandidate]) -> list[Lab
     found = {d_panel for d_panel, det in detections if det.confidence >= STRONG_SCORE}
     missing = [k for k in range(len(boxes)) if k not in found]
     if missing:
-        detections.extend(_read(engine, _inside_candidates(gray, boxes, missing, u)))
+        inside = _inside_candidates(gray, boxes, missing, u)
+        candidates.extend(inside)
+        detections.extend(_read(engine, inside))
         found = {d_panel for d_panel, det in detections if det.confidence >= STRONG_SCORE}
         missing = [k for k in range(len(boxes)) if k not in found]
     # every panel still without a clear reading: when segmentation swallows the labels' strip
@@ -590,8 +605,68 @@ def find_labels(image: np.ndarray, panels: Sequence[PanelCandidate]) -> list[Lab
         extra: list[_Candidate] = []
         for k in missing:
             extra.extend(_detector_candidates(engine, rgb, gray, boxes[k], k, u))
+        candidates.extend(extra)
         detections.extend(_read(engine, extra))
+    detections = _second_look(engine, gray, candidates, detections)
     return _settle_case([d for _, d in detections])
+
+
+# Other ways to prepare a crop: without the gaps opened between glyphs (they split a thin "d"
+# into "cl"), larger, and from the plain grey box. (glyph mask kept, gaps opened, glyph height)
+_SECOND_LOOK = ((True, False, GLYPH_HEIGHT), (True, False, 28), (True, True, 28), (False, True, 28))
+
+
+def _second_look(
+    engine: _Ocr,
+    gray: np.ndarray,
+    candidates: list[_Candidate],
+    detections: list[tuple[int, LabelDetection]],
+) -> list[tuple[int, LabelDetection]]:
+    """Read again, prepared other ways, the candidates of panels that have no reading in the style
+    the figure's clear readings share (upper case, "1a"...): the recogniser's reading of a small
+    label changes with the crop's preparation, and a reading in that style is taken."""
+    clear = {i: d.text for i, (_, d) in enumerate(detections) if d.confidence >= STRONG_SCORE}
+    if len(clear) < 2:
+        return detections
+    main = _main_style(clear, set(clear))
+    if main in ("other", "roman"):
+        return detections  # numerals are recounted from their strokes, not read again
+    styled = {panel for panel, d in detections if _style(d.text) == main}
+    todo = [c for c in candidates if c.source is not None and c.panel not in styled]
+    todo = sorted(todo, key=lambda c: -c.prior)[: 2 * len({c.panel for c in todo})]
+    crops: list[np.ndarray] = []
+    owners: list[_Candidate] = []
+    for cand in todo:
+        keep, box, invert, cores = cand.source  # type: ignore[misc]
+        for masked, spread, height in _SECOND_LOOK:
+            if not masked and keep is None:
+                continue
+            mask = keep if masked else None
+            crops.append(
+                _prepare_crop(gray, mask, box, invert, cores=cores and masked, spread=spread, height=height)
+            )
+            owners.append(cand)
+    best: dict[int, tuple[float, str, str]] = {}
+    for cand, crop, (raw, score) in zip(owners, crops, engine.read(crops), strict=True):
+        text = normalize_label(raw)
+        if text is None or score < MIN_SCORE:
+            continue
+        text = _count_strokes(crop, raw, text)
+        if _style(text) == main and score > best.get(id(cand), (0.0, "", ""))[0]:
+            best[id(cand)] = (score, text, raw)
+    if not best:
+        return detections
+    out = list(detections)
+    for cand in todo:
+        if id(cand) not in best:
+            continue
+        score, text, raw = best[id(cand)]
+        x1, y1, x2, y2 = cand.box
+        box = (float(x1), float(y1), float(x2), float(y2))
+        out = [(p, d) for p, d in out if d.box != box]
+        confidence = float(score * (0.5 + 0.5 * cand.prior))
+        out.append((cand.panel, LabelDetection(text=text, box=box, confidence=confidence, raw=raw)))
+    return out
 
 
 _NARROW = set("iIlj1tfrJ")  # the only labels printed narrower than 0.4 of their height
