@@ -525,3 +525,21 @@ def test_touching_images_without_a_label_stay_together_in_a_labelled_figure() ->
     image[34:284, 651:770] = texture(rng, 119, 250, 150)
     truth.append((530.0, 34.0, 770.0, 284.0))
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_unlabelled_image_left_of_a_labelled_one_is_not_its_sub_image() -> None:
+    """Three images 2 px apart with labels inside their top-left corners, the first one's label
+    unreadable: a panel's label marks its top-left image, so the first is no sub-image of the
+    second."""
+    rng = np.random.default_rng(19)
+    image = canvas(640, 260)
+    truth = []
+    for k, x in enumerate((10, 218, 426)):
+        image[10:250, x : x + 206] = texture(rng, 206, 240, (150, 100, 125)[k])
+        truth.append((float(x), 10.0, float(x + 206), 250.0))
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for x, text in ((223, "B"), (431, "C")):
+        draw.text((x, 12), text, fill=(255, 255, 255), font=font(18))
+    image[:] = np.asarray(pil)
+    assert_matches(segment_panels(image), truth, 0.9)

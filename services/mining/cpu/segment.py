@@ -872,6 +872,16 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
 # clustering
 
 
+def _before(box: list[int], labelled: list[int], corner: str) -> bool:
+    """``box`` lies wholly on the label's side of the labelled box: left of or above it for
+    labels at the top left, right of or below it for labels at the bottom right."""
+    if corner == "tl":
+        return box[2] <= labelled[0] + 2 or box[3] <= labelled[1] + 2
+    if corner == "br":
+        return box[0] >= labelled[2] - 2 or box[1] >= labelled[3] - 2
+    return False
+
+
 def _facing(a: list[int], b: list[int]) -> bool:
     """The smaller box sits beside the other (a colour bar by its heat map, a legend by its
     plot) rather than off its corner: across the gap between them, the two overlap along at
@@ -891,6 +901,7 @@ def _cluster(
     anchors: list[int],
     u: float,
     fig_area: float,
+    label_corner: str = "tl",
 ) -> list[_Cluster]:
     clusters = []
     for b, m, d, a in zip(parts, major, dense, anchors, strict=True):
@@ -939,7 +950,13 @@ def _cluster(
         if has_labels:
             if a.dense or b.dense:
                 # images (nearly) touching are sub-images of one panel, under its label or under
-                # one that went unread; an image and a drawing are one panel only when touching
+                # one that went unread; an image and a drawing are one panel only when touching.
+                # A panel's label marks its first corner: what lies before a labelled image
+                # (left of or above it, with labels at the top left) is not in its panel.
+                if (a.anchor >= 0) != (b.anchor >= 0):
+                    labelled, other = (a, b) if a.anchor >= 0 else (b, a)
+                    if _before(other.box, labelled.box, label_corner):
+                        return -1.0
                 return touch_gap
             return sub_gap
         return -1.0
@@ -1162,15 +1179,17 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
                 hits.setdefault(corner, []).append(k)
         if len(hits.get("tl", [])) >= max(2, 0.5 * len(images)):
             break
+    label_corner = "tl"
     if hits:
         corner = max(hits, key=lambda c: (len(hits[c]), c == "tl"))
         # beside labels in the gutters, a few images with corner text are overlays, not labels
         if len(hits[corner]) >= max(2 if outside < 2 else 3, 0.5 * len(images)):
+            label_corner = corner
             next_anchor = len(label_boxes)
             for k in hits[corner]:
                 anchors[k] = next_anchor
                 next_anchor += 1
-    clusters = _cluster(parts, major, dense, anchors, u, float(mh * mw))
+    clusters = _cluster(parts, major, dense, anchors, u, float(mh * mw), label_corner)
 
     keep_mask = content.astype(bool)
     for box in candidate_boxes:
