@@ -38,6 +38,15 @@ def canvas(w: int, h: int) -> np.ndarray:
     return np.full((h, w, 3), 255, dtype=np.uint8)
 
 
+def labelled_canvas(w: int, h: int, labels: list[tuple[int, int, str]], size: int) -> np.ndarray:
+    """A blank figure with black bold labels drawn at (x, y)."""
+    pil = Image.fromarray(canvas(w, h))
+    draw = ImageDraw.Draw(pil)
+    for x, y, text in labels:
+        draw.text((x, y), text, fill=(0, 0, 0), font=font(size))
+    return np.asarray(pil).copy()
+
+
 def ink_box(image: np.ndarray, box: tuple[int, int, int, int]) -> tuple[float, float, float, float]:
     """Tight box (exclusive) of near-white-excluded ink inside ``box``."""
     x1, y1, x2, y2 = box
@@ -511,12 +520,7 @@ def test_touching_images_without_a_label_stay_together_in_a_labelled_figure() ->
     """Two labelled images and a group of two touching images whose label is not there to read:
     the group is one panel, as it would be under its label."""
     rng = np.random.default_rng(18)
-    image = canvas(780, 300)
-    pil = Image.fromarray(image)
-    draw = ImageDraw.Draw(pil)
-    for x, text in ((10, "a"), (270, "b")):
-        draw.text((x, 4), text, fill=(0, 0, 0), font=font(20))
-    image[:] = np.asarray(pil)
+    image = labelled_canvas(780, 300, [(10, 4, "a"), (270, 4, "b")], 20)
     truth = []
     for x in (10, 270):
         image[34:284, x : x + 240] = texture(rng, 240, 250, 110)
@@ -542,4 +546,16 @@ def test_unlabelled_image_left_of_a_labelled_one_is_not_its_sub_image() -> None:
     for x, text in ((223, "B"), (431, "C")):
         draw.text((x, 12), text, fill=(255, 255, 255), font=font(18))
     image[:] = np.asarray(pil)
+    assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_small_unlabelled_image_before_a_labelled_one_joins_the_panel_it_follows() -> None:
+    """A labelled image, a small unlabelled image after it (its sub-image) and a labelled image
+    after that (3 px and 1 px apart): the small one is not the next panel's colour bar or inset."""
+    rng = np.random.default_rng(20)
+    image = labelled_canvas(640, 280, [(10, 2, "a"), (322, 2, "b")], 18)
+    image[30:270, 10:250] = texture(rng, 240, 240, 150)
+    image[30:130, 253:321] = texture(rng, 68, 100, 100)
+    image[30:270, 322:630] = texture(rng, 308, 240, 125)
+    truth = [(10.0, 30.0, 321.0, 270.0), (322.0, 30.0, 630.0, 270.0)]
     assert_matches(segment_panels(image), truth, 0.9)

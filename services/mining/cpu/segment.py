@@ -944,19 +944,19 @@ def _cluster(
                 return title_gap if right and not other.dense else -1.0
         if not a.major or not b.major:
             return text_gap
+        if has_labels and a.dense and b.dense and (a.anchor >= 0) != (b.anchor >= 0):
+            # a panel's label marks its first corner: an image before a labelled one (left of
+            # or above it, with labels at the top left) is not in its panel
+            labelled, other = (a, b) if a.anchor >= 0 else (b, a)
+            if _before(other.box, labelled.box, label_corner):
+                return -1.0
         small, large = sorted((a.largest, b.largest))
         if small < 0.3 * large and small < 0.05 * fig_area and _facing(a.box, b.box):
             return small_gap
         if has_labels:
             if a.dense or b.dense:
                 # images (nearly) touching are sub-images of one panel, under its label or under
-                # one that went unread; an image and a drawing are one panel only when touching.
-                # A panel's label marks its first corner: what lies before a labelled image
-                # (left of or above it, with labels at the top left) is not in its panel.
-                if (a.anchor >= 0) != (b.anchor >= 0):
-                    labelled, other = (a, b) if a.anchor >= 0 else (b, a)
-                    if _before(other.box, labelled.box, label_corner):
-                        return -1.0
+                # one that went unread; an image and a drawing are one panel only when touching
                 return touch_gap
             return sub_gap
         return -1.0
