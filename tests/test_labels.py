@@ -429,10 +429,10 @@ def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
     count back."""
     from p2p.mining.cpu.labels import _count_strokes, _prepare_crop
 
-    def crop_of(text: str) -> np.ndarray:
+    def crop_of(text: str, face: str = "DejaVuSerif.ttf") -> np.ndarray:
         """The recogniser's input for a printed label: glyphs scaled to one height, gaps opened."""
         pil = Image.new("L", (90, 32), 255)
-        ImageDraw.Draw(pil).text((4, 4), text, fill=0, font=font(20, "DejaVuSerif.ttf"))
+        ImageDraw.Draw(pil).text((4, 4), text, fill=0, font=font(20, face))
         grey = np.asarray(pil)
         ys, xs = np.nonzero(grey < 128)
         box = (int(xs.min()) - 1, int(ys.min()) - 1, int(xs.max()) + 2, int(ys.max()) + 2)
@@ -444,6 +444,9 @@ def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
     assert _count_strokes(crop_of("(ii)"), "(i)", "i") == "ii"
     assert _count_strokes(crop_of("iv"), "iv", "iv") == "iv"  # nothing to add
     assert _count_strokes(crop_of("b"), "b", "b") == "b"  # not a numeral
+    # bold serif stems with their serifs are wider, still narrow beside a v
+    assert _count_strokes(crop_of("iii", "DejaVuSerif-Bold.ttf"), "i", "i") == "iii"
+    assert _count_strokes(crop_of("ii", "STIXGeneralBol.ttf"), "i", "i") == "ii"
 
 
 def test_labels_in_one_corner_beside_overlay_text_in_another() -> None:

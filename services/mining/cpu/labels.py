@@ -742,7 +742,7 @@ def _count_strokes(crop: np.ndarray, raw: str, text: str) -> str:
     runs: list[str] = []
     for _, w, h in shapes:
         ratio = w / max(1, h)
-        if ratio <= 0.55:
+        if ratio <= 0.72:  # bold serif stems are wider than sans ones
             runs.append("n")
         elif 0.8 <= ratio <= 1.25:
             runs.append("w")
