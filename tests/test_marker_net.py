@@ -4,6 +4,7 @@ rule-based detector and the training entry point (a CPU smoke run on tiny genera
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -201,6 +202,11 @@ def test_training_entry_point_smoke_and_deterministic(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(SystemExit):
         main([*common[:4], "--data-seed", "1001", "--out", str(tmp_path / "c.pt")])
+    # A second folder is generated with the next seed and trained on together with the first.
+    more = tmp_path / "more"
+    assert main([*common, "--data", str(more), "--out", str(tmp_path / "d.pt")]) == 0
+    made = json.loads((more / "annotations.json").read_text())["_source"]
+    assert "seed=100002" in made
 
 
 def _recall(folder: Path, use_net: bool) -> tuple[float, float]:
