@@ -40,6 +40,12 @@ each with a strong core. Then it asks shape questions:
 Text (rows of letter-sized components), scale bars (solid thin bars in the lower part of a panel,
 with their text) and strokes lying along the panel border or an inset frame are not markers.
 
+A small learned detector (``marker_net``, trained on synthetic figures) then runs on the panel.
+It finds what the rules miss (glyphs of a few pixels, outlines JPEG washed out, glyphs in the
+panel's own hue, heads smeared on texture) and vets what they find: its markers are added where
+no rule-based marker explains them, and rule-based markers of a middling score are kept only
+where the network sees something too. ``detect_markers(..., use_net=False)`` is the rules alone.
+
 Every marker reports the structure it indicates as ``target_box``: an axis-aligned square ahead
 of the tip for arrows and arrowheads (sized from the glyph and the panel), the neighbourhood of
 the glyph for asterisks and stars, the enclosed region for outlines and the frame for insets.
