@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from p2p.mining.cpu.eval_panels import evaluate
+from p2p.mining.cpu.eval_panels import error_kind, evaluate
 from p2p.mining.cpu.segment import segment_panels
 from p2p.mining.cpu.xycut import naive_xycut
 from p2p.mining.types import LabelDetection
@@ -559,3 +559,32 @@ def test_small_unlabelled_image_before_a_labelled_one_joins_the_panel_it_follows
     image[30:270, 322:630] = texture(rng, 308, 240, 125)
     truth = [(10.0, 30.0, 321.0, 270.0), (322.0, 30.0, 630.0, 270.0)]
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_error_kind_names_why_a_panel_was_not_matched() -> None:
+    truth = (100.0, 100.0, 300.0, 300.0)
+    assert error_kind(truth, []) == "missed"
+    assert error_kind(truth, [(500.0, 500.0, 600.0, 600.0)]) == "missed"
+    assert error_kind(truth, [(100.0, 100.0, 200.0, 300.0), (200.0, 100.0, 300.0, 300.0)]) == "split"
+    assert error_kind(truth, [(100.0, 100.0, 600.0, 300.0)]) == "merged"
+    assert error_kind(truth, [(100.0, 100.0, 300.0, 220.0)]) == "cut"
+    assert error_kind(truth, [(130.0, 130.0, 330.0, 330.0)]) == "off"
+
+
+def test_evaluate_buckets_the_misses(tmp_path: Path) -> None:
+    """Two touching images of one level are one box: two merged misses, counted by type."""
+    rng = np.random.default_rng(21)
+    image = canvas(420, 220)
+    image[10:210, 10:410] = texture(rng, 400, 200, 120)
+    Image.fromarray(image).save(tmp_path / "f.png")
+    annotations = {
+        "f.png": {
+            "panels": [
+                {"label": "a", "box": [10, 10, 209, 209], "type": "image"},
+                {"label": "b", "box": [210, 10, 409, 209], "type": "image"},
+            ]
+        }
+    }
+    report = evaluate(tmp_path, annotations, segment_panels, labeler=None)
+    assert report["error_buckets"] == {"merged:image": 2}
+    assert report["per_figure"][0]["errors"] == ["merged:image", "merged:image"]

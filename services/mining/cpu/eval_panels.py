@@ -1,9 +1,10 @@
 """Score panel segmenters (and the label reader) on figures with ground truth.
 
 ``python -m p2p.mining.cpu.eval_panels --dir /work/shared/data/real-figures`` prints the naive
-XY-cut reference next to ``segment_panels``. The folder holds the images and an
-``annotations.json`` (file name -> entry with ``panels``: ``label``, inclusive ``box``); keys that
-start with ``_`` are notes. Matching is one-to-one and greedy (``geometry.match_greedy``).
+XY-cut reference next to ``segment_panels`` (``--buckets``: its misses at IoU 0.9 by kind). The
+folder holds the images and an ``annotations.json`` (file name -> entry with ``panels``:
+``label``, inclusive ``box``); keys that start with ``_`` are notes. Matching is one-to-one and
+greedy (``geometry.match_greedy``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,31 @@ def ocr_labeler(image: np.ndarray, panels: list[PanelCandidate]) -> list[str | N
     from p2p.mining.cpu.labels import assign_labels, find_labels
 
     return assign_labels(panels, find_labels(image, panels))
+
+
+def error_kind(truth: geometry.Box, predicted: list[geometry.Box]) -> str:
+    """Why a ground-truth panel found no match at IoU 0.9, judged from the predicted boxes over it:
+    ``missed`` (none covers a tenth of it), ``split`` (two or more lie mostly inside it),
+    ``merged`` (one covers it but is much bigger: joined with a neighbour or outside text),
+    ``cut`` (one lies inside it but covers too little) or ``off`` (edges off otherwise)."""
+    area = max(1e-9, (truth[2] - truth[0]) * (truth[3] - truth[1]))
+    over: list[tuple[float, float]] = []  # (share of the truth covered, share of the box inside)
+    for box in predicted:
+        inter = max(0.0, min(box[2], truth[2]) - max(box[0], truth[0])) * max(
+            0.0, min(box[3], truth[3]) - max(box[1], truth[1])
+        )
+        if inter > 0.1 * area:
+            over.append((inter / area, inter / max(1e-9, (box[2] - box[0]) * (box[3] - box[1]))))
+    if not over:
+        return "missed"
+    if sum(1 for _, inside in over if inside > 0.5) >= 2:
+        return "split"
+    covered, inside = max(over)
+    if covered > 0.8 and inside < 0.8:
+        return "merged"
+    if inside > 0.8 and covered < 0.8:
+        return "cut"
+    return "off"
 
 
 def load_image(path: Path) -> np.ndarray:
@@ -71,6 +97,7 @@ def evaluate(
     seg_cpu: list[float] = []
     label_cpu: list[float] = []
     per_figure: list[dict[str, Any]] = []
+    buckets: dict[str, int] = {}
     for name in names:
         entry = annotations[name]
         image = load_image(figures_dir / name)
@@ -93,6 +120,14 @@ def evaluate(
         for level in IOU_LEVELS:
             true_pos[level] += len(matches[level])
         matched_ious.extend(value for _, _, value in matches[0.5])
+        found = {j for _, j, _ in matches[0.9]}
+        errors = [
+            f"{error_kind(box, pred_boxes)}:{truth[j].get('type', 'panel')}"
+            for j, box in enumerate(gt_boxes)
+            if j not in found
+        ]
+        for error in errors:
+            buckets[error] = buckets.get(error, 0) + 1
         by_truth = {j: i for i, j, _ in matches[0.5]}
         wrong_labels: list[str] = []
         for j, gt in enumerate(truth):
@@ -112,6 +147,7 @@ def evaluate(
                 **{f"tp@{level}": len(matches[level]) for level in IOU_LEVELS},
                 "ious": sorted(round(v, 3) for _, _, v in matches[0.5]),
                 "wrong_labels": wrong_labels,
+                "errors": errors,
                 "ms_segment": round(1000 * seg_seconds[-1], 1),
                 "ms_labels": round(1000 * label_seconds[-1], 1) if labeler is not None else None,
             }
@@ -127,6 +163,7 @@ def evaluate(
         "ms_labels": 1000 * float(np.mean(label_seconds)) if label_seconds else None,
         "cpu_ms_segment": 1000 * float(np.mean(seg_cpu)) if seg_cpu else 0.0,
         "cpu_ms_labels": 1000 * float(np.mean(label_cpu)) if label_cpu else None,
+        "error_buckets": dict(sorted(buckets.items(), key=lambda item: -item[1])),
         "per_figure": per_figure,
     }
 
@@ -152,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--no-labels", action="store_true", help="skip OCR label accuracy")
     parser.add_argument("--verbose", action="store_true", help="per-figure rows")
+    parser.add_argument(
+        "--buckets",
+        action="store_true",
+        help="count segment_panels' misses at IoU 0.9 by kind and panel type",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write both reports here")
     parser.add_argument("--threads", type=int, default=1, help="OpenCV threads (the miner runs one)")
     args = parser.parse_args(argv)
@@ -176,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':<16} " + " ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
     for name, report in reports.items():
         print(_row(name, report))
+    if args.buckets:
+        print("\nsegment_panels misses at IoU 0.9 (kind:panel type)")
+        for bucket, count in reports["segment_panels"]["error_buckets"].items():
+            print(f"  {count:>5} {bucket}")
     if args.verbose:
         for name, report in reports.items():
             print(f"\n{name}")
@@ -183,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {row['figure']:<32} gt={row['truth']:>2} pred={row['predicted']:>2} "
                     f"tp@.5/.75/.9={row['tp@0.5']}/{row['tp@0.75']}/{row['tp@0.9']} "
-                    f"labels_wrong={row['wrong_labels']} seg={row['ms_segment']}ms lab={row['ms_labels']}ms"
+                    f"labels_wrong={row['wrong_labels']} errors={row['errors']} "
+                    f"seg={row['ms_segment']}ms lab={row['ms_labels']}ms"
                 )
     if args.json is not None:
         args.json.write_text(json.dumps(reports, indent=1))
