@@ -12,15 +12,20 @@ one thread): crops are upscaled so glyphs are ~22 px tall, thin glyphs widened a
 glyphs opened ("ii"), and decoding is restricted to the label alphabet. Readings are normalised
 ("(a)" -> "a", "A." -> "A"), and c/C, o/O, s/S... are settled by comparing glyph heights.
 
-Labels printed light on a solid dark disc or box are read from the plate's holes, inverted.
+Labels printed light on a solid dark disc or box are read from the plate's holes, inverted; a thin
+circle drawn round a label is cut off, also where it touches the letter. Panels left without a
+reading in the style the figure's clear readings share get a second look: their candidates are
+read again, prepared other ways, and a reading in that style is taken.
 
 ``assign_labels`` maps detections to panels (a label inside a panel names that panel; otherwise
 the panel whose top-left region it sits in or near; one label per panel) and repairs OCR
 confusions (l/I/1, O/0, S/5, case, roman numerals with merged or dropped i's) where the a, b, c...
 series in reading order makes the intended label clear; weak readings survive only where the series
 confirms them, and a short unread run between confirmed labels gets the labels the series expects.
-``reading_order`` gives the order (rows, then columns, following the gutters) that the caller uses
-to hand out caption labels when no label was read.
+The series is laid along the reading order (of ``reading_orders``: rows or columns first, at the
+top level and below) under which the readings fit it best. ``reading_order`` gives the default
+order (rows, then columns, following the gutters) that the caller uses to hand out caption labels
+when no label was read, or, given the labels, the order they follow.
 """
 
 from __future__ import annotations
