@@ -11,7 +11,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from p2p.mining.cpu.eval_panels import error_kind, evaluate
-from p2p.mining.cpu.segment import segment_panels
+from p2p.mining.cpu.segment import rejected_guesses, segment_panels
 from p2p.mining.cpu.xycut import naive_xycut
 from p2p.mining.types import LabelDetection
 from p2p.shared import geometry
@@ -588,3 +588,9 @@ def test_evaluate_buckets_the_misses(tmp_path: Path) -> None:
     report = evaluate(tmp_path, annotations, segment_panels, labeler=None)
     assert report["error_buckets"] == {"merged:image": 2}
     assert report["per_figure"][0]["errors"] == ["merged:image", "merged:image"]
+
+
+def test_a_piece_of_an_accepted_label_is_not_restored_as_content() -> None:
+    """The dot of an "i" guessed as a label of its own stays out of the panels with its "i"."""
+    i_label, dot, word = (711, 377, 722, 393), (712, 377, 716, 381), (400, 50, 420, 62)
+    assert rejected_guesses([i_label, dot, word], [i_label]) == [word]

@@ -1161,12 +1161,12 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
     parts, major = _split_at_labels(content, edges, gray, parts, major, candidate_boxes, u)
     label_boxes, anchors = _anchor_labels(candidate_boxes, parts, major, glyphs.stats, u, trust=bool(given))
     # rejected guesses are ordinary content again
+    rejected = rejected_guesses(candidate_boxes, label_boxes)
     if not given:
-        for box in candidate_boxes:
-            if box not in label_boxes:
-                parts.append(box)
-                major.append(False)
-                anchors.append(-1)
+        for box in rejected:
+            parts.append(box)
+            major.append(False)
+            anchors.append(-1)
     dense = [float(content[b[1] : b[3], b[0] : b[2]].mean()) >= 0.85 for b in parts]
     # image parts with a label printed inside a corner head their own panel too (one corner for
     # the whole figure, shared by most of its unlabelled images)
@@ -1192,13 +1192,10 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
     clusters = _cluster(parts, major, dense, anchors, u, float(mh * mw), label_corner)
 
     keep_mask = content.astype(bool)
-    for box in candidate_boxes:
-        if box not in label_boxes:
-            x1, y1, x2, y2 = box
-            keep_mask[y1:y2, x1:x2] |= mask[y1:y2, x1:x2]
+    for x1, y1, x2, y2 in rejected:
+        keep_mask[y1:y2, x1:x2] |= mask[y1:y2, x1:x2]
     results: list[PanelCandidate] = []
     min_major = 4.0 * u
-    rejected = [box for box in candidate_boxes if box not in label_boxes]
     heights = [b[3] - b[1] for b in label_boxes]
     for cluster in clusters:
         cb = cluster.box
@@ -1250,6 +1247,16 @@ def _without_heading_label(
         if min(trimmed[2] - trimmed[0], trimmed[3] - trimmed[1]) >= 4.0 * u:
             return trimmed
     return box
+
+
+def rejected_guesses(candidates: list[IntBox], accepted: list[IntBox]) -> list[IntBox]:
+    """The label guesses that are content after all: not accepted, nor a piece of an accepted
+    label (the dot of an "i" guessed on its own, which would otherwise join the panel above)."""
+    return [
+        box
+        for box in candidates
+        if box not in accepted and not any(_overlaps(box, label) for label in accepted)
+    ]
 
 
 def _parts(content: np.ndarray, edges: _EdgeMaps, u: float) -> tuple[list[IntBox], list[bool]]:
