@@ -281,3 +281,21 @@ def test_two_network_peaks_on_one_glyph_make_one_marker(monkeypatch):
     second = _Cand("arrowhead", (81, 66, 93, 78), (91.0, 77.0), 0.4, region=(86.0, 73.0, 111.0, 100.0))
     monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold: [first, second])
     assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == [first]
+
+
+def test_the_network_runs_on_one_thread_and_leaves_the_setting_as_it_was():
+    seen: list[int] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.get_num_threads())
+            return torch.zeros(1, N_OUT, x.shape[2] // STRIDE, x.shape[3] // STRIDE)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        marker_net.run_net(Probe(), np.zeros((40, 40, 3), np.uint8))  # type: ignore[arg-type]
+        assert seen == [1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
