@@ -9,21 +9,31 @@
    glyphs with nothing to their left or above, circled labels included) and taken out of the
    content, so boxes never swallow them;
 3. the remaining ink forms parts (blobs bridging 1-2 px gaps, overlapping boxes merged); images,
-   and big blobs of touching panels, are split along straight full-length boundaries: a line of
-   background colour (in any big blob: a line with no ink at all between panel-sized sides, or a
-   near-blank line between two image edges, as left by 1-2 px gutters with JPEG specks), or a
-   colour step present along most of the line that stands out from the texture beside it and is
-   not one of many parallel ones (stripes, fringes);
-4. a label guess is kept when it heads a panel-sized part at its lower right (tick labels in a
+   and big blobs of touching panels, are split along straight full-length boundaries: first a
+   line of background colour on either axis (in any big blob: a line with no ink at all between
+   panel-sized sides, or a near-blank line between two image edges, as left by 1-2 px gutters
+   with JPEG specks), then, of the two axes, the colour step present along more of its line that
+   stands out from the texture beside it and is not one of many parallel ones (stripes,
+   fringes), then a change of texture;
+4. labels printed against an image's edge (fused to it across a 0-2 px gutter) are trimmed off
+   it as label guesses, and a guess reaching into an image ends at its edge; each label marks one
+   panel, so an image part headed by a label at its top-left corner and by more of that size along
+   its top or down its left side (in the gutter, or printed inside the images where a seam runs)
+   is cut into as many images;
+5. a label guess is kept when it heads a panel-sized part at its lower right (tick labels in a
    right-aligned column and text inside panels are not labels); images carrying a label-like glyph
    in the same corner inside (the commonest corner of the figure) head their own panel too;
-5. parts are clustered bottom-up by gap: text (tick labels, axis titles, legends) joins the
-   nearest panel; parts headed by different labels never merge; an unlabelled image joins a
-   labelled one only when (nearly) touching it (sub-images under one label); unlabelled drawing
-   pieces join a labelled drawing nearby; without labels only a much smaller part (legend, colour
-   bar) joins a neighbour; a merge may not swallow a panel it could not have merged with;
-6. boxes are tightened to the ink; clusters without panel-sized content (stray text, caption
-   strips) are dropped; a figure that is one panel yields one box, an empty one none.
+6. parts are clustered bottom-up by gap: text (tick labels, axis titles, legends) joins the
+   nearest panel; parts headed by different labels never merge; in a labelled figure images join
+   only when (nearly) touching (sub-images under one label, read or not), and never one that
+   lies before a labelled image (left of or above it, with labels at the top left); unlabelled
+   drawing pieces join a labelled drawing nearby; without labels only a much smaller part
+   (legend, colour bar) beside a neighbour joins it; a merge may not swallow a panel it could not
+   have merged with;
+7. boxes are tightened to the ink; an unlabelled panel loses a label-sized glyph group standing at
+   its top-left corner above the rest (the label of a table or diagram); clusters without
+   panel-sized content (stray text, caption strips) are dropped; a figure that is one panel
+   yields one box, an empty one none.
 
 Optional ``labels`` (e.g. from OCR) replace step 2's guesses. The analysis of the last few figures
 is kept briefly so that ``p2p.mining.cpu.labels.find_labels`` does not redo it.
