@@ -56,6 +56,7 @@ pixel, the centre of an outline or symbol).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import cv2
@@ -1913,15 +1914,16 @@ def _target(cand: _Cand, w: int, h: int) -> tuple[float, float, float, float]:
 # ----------------------------------------------------------------------------- entry point
 
 
-# Heat-map peaks of the marker network at or above these become markers of their own. Arrows
-# need more: the network's weak "arrow" peaks fall on any sharp edge of the texture.
+# Heat-map peaks of the marker network at or above these become markers of their own (set on
+# development seed 2002 for recall plus precision). Arrows and boxes need more: the network's
+# weak peaks of those kinds fall on sharp edges and cell outlines of the texture.
 NET_THRESHOLDS = {
     "arrow": 0.5,
-    "arrowhead": 0.2,
-    "asterisk": 0.4,
-    "star": 0.4,
-    "box": 0.3,
-    "circle": 0.2,
+    "arrowhead": 0.3,
+    "asterisk": 0.3,
+    "star": 0.3,
+    "box": 0.5,
+    "circle": 0.3,
     "inset": 0.5,
 }
 # A rule-based marker scoring below ``_RULE_SURE`` (but an inset, found by its frame) is kept
@@ -1931,6 +1933,9 @@ NET_THRESHOLDS = {
 # (trained on synthetic ones) misses some markers the rules find with high scores.
 _RULE_SURE = 0.85
 _NET_SUPPORT = 0.1
+# More network peaks of one kind than this in one panel are texture (puncta, a field of cells
+# alike), not markers: authors mark a few structures, and the rules still find dense markers.
+_NET_CROWD = 3
 # A network marker is already explained by a rule-based one when its point lies this close (a
 # fraction of the panel diagonal) to that marker's target box or their glyph boxes overlap.
 _NET_EXPLAINED_MARGIN = 0.02
@@ -1991,9 +1996,11 @@ def _fuse_net(panel: _Panel, rules: list[_Cand], thresholds: dict[str, float]) -
     w, h = panel.w, panel.h
     net = _net_cands(panel, min(_NET_SUPPORT, *thresholds.values()))
     kept = [r for r in rules if r.score >= _RULE_SURE or r.kind == "inset" or _supported(r, net, w, h)]
+    strong = [c for c in net if c.score >= thresholds[c.kind]]
+    crowd = Counter(c.kind for c in strong)
     added: list[_Cand] = []
-    for c in net:  # best first; a second peak on one glyph (two kinds, two cells) is one marker
-        if c.score >= thresholds[c.kind] and not _explained(c, kept + added, w, h):
+    for c in strong:  # best first; a second peak on one glyph (two kinds, two cells) is one marker
+        if crowd[c.kind] <= _NET_CROWD and not _explained(c, kept + added, w, h):
             added.append(c)
     return kept + added
 
