@@ -267,9 +267,11 @@ def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones(m
         _Cand("box", (101, 21, 159, 59), (131.0, 41.0), 0.9, region=(101.0, 21.0, 159.0, 59.0)),
     ]
     monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold: net)
-    fused = _fuse_net(panel, [confirmed, unconfirmed, sure, inset], rules_module.NET_THRESHOLDS)
-    assert fused[:3] == [confirmed, sure, inset]  # the unsupported low-scoring star is gone
-    assert fused[3:] == [net[1]]  # the weak arrow stays out; the box is the rules' own
+    ring = _Cand("circle", (150, 150, 170, 170), (160.0, 160.0), 0.75, region=(150.0, 150.0, 170.0, 170.0))
+    fused = _fuse_net(panel, [confirmed, unconfirmed, sure, inset, ring], rules_module.NET_THRESHOLDS)
+    # The unsupported star is gone; a ring of that score is trusted without the network.
+    assert fused[:4] == [confirmed, sure, inset, ring]
+    assert fused[4:] == [net[1]]  # the weak arrow stays out; the box is the rules' own
 
 
 def test_two_network_peaks_on_one_glyph_make_one_marker(monkeypatch):

@@ -1932,6 +1932,9 @@ NET_THRESHOLDS = {
 # panels, rarely peaks on them. Above it the rules are trusted: on the real figures the network
 # (trained on synthetic ones) misses some markers the rules find with high scores.
 _RULE_SURE = 0.85
+# Circles are trusted earlier: the network misses small drawn rings inside insets (real figures),
+# where the rules' ring test is reliable, and without them the inset's kind is all that is left.
+_RULE_SURE_KIND = {"circle": 0.7}
 _NET_SUPPORT = 0.1
 # More network peaks of one kind than this in one panel are texture (puncta, a field of cells
 # alike), not markers: authors mark a few structures, and the rules still find dense markers.
@@ -1995,7 +1998,11 @@ def _fuse_net(panel: _Panel, rules: list[_Cand], thresholds: dict[str, float]) -
     """
     w, h = panel.w, panel.h
     net = _net_cands(panel, min(_NET_SUPPORT, *thresholds.values()))
-    kept = [r for r in rules if r.score >= _RULE_SURE or r.kind == "inset" or _supported(r, net, w, h)]
+    kept = [
+        r
+        for r in rules
+        if r.score >= _RULE_SURE_KIND.get(r.kind, _RULE_SURE) or r.kind == "inset" or _supported(r, net, w, h)
+    ]
     strong = [c for c in net if c.score >= thresholds[c.kind]]
     crowd = Counter(c.kind for c in strong)
     added: list[_Cand] = []
