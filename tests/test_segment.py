@@ -594,3 +594,28 @@ def test_a_piece_of_an_accepted_label_is_not_restored_as_content() -> None:
     """The dot of an "i" guessed as a label of its own stays out of the panels with its "i"."""
     i_label, dot, word = (711, 377, 722, 393), (712, 377, 716, 381), (400, 50, 420, 62)
     assert rejected_guesses([i_label, dot, word], [i_label]) == [word]
+
+
+@pytest.mark.parametrize("corner", ["bl", "tr"])
+def test_unlabelled_image_on_the_label_side_is_not_a_sub_image_for_any_label_corner(corner: str) -> None:
+    """Three images 2 px apart with labels inside their bottom-left (or top-right) corners, the
+    label of the first (or last) unreadable: with labels at the bottom left a panel's label marks
+    its left side, so the image left of a labelled one is a panel of its own (right of it, with
+    labels at the top right)."""
+    rng = np.random.default_rng(23)
+    image = canvas(640, 260)
+    truth = []
+    xs = (10, 218, 426)
+    for k, x in enumerate(xs):
+        image[10:250, x : x + 206] = texture(rng, 206, 240, (150, 100, 125)[k])
+        truth.append((float(x), 10.0, float(x + 206), 250.0))
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    if corner == "bl":
+        spots = ((xs[1] + 5, 226, "B"), (xs[2] + 5, 226, "C"))
+    else:
+        spots = ((xs[0] + 190, 12, "A"), (xs[1] + 190, 12, "B"))
+    for x, y, text in spots:
+        draw.text((x, y), text, fill=(255, 255, 255), font=font(18))
+    image[:] = np.asarray(pil)
+    assert_matches(segment_panels(image), truth, 0.9)

@@ -26,10 +26,10 @@
 6. parts are clustered bottom-up by gap: text (tick labels, axis titles, legends) joins the
    nearest panel; parts headed by different labels never merge; in a labelled figure images join
    only when (nearly) touching (sub-images under one label, read or not), and never one that
-   lies before a labelled image (left of or above it, with labels at the top left); unlabelled
-   drawing pieces join a labelled drawing nearby; without labels only a much smaller part
-   (legend, colour bar) beside a neighbour joins it; a merge may not swallow a panel it could not
-   have merged with;
+   lies before a labelled image (on its label's sides: left of or above it with labels at the
+   top left, left of or below it at the bottom left, and so on); unlabelled drawing pieces join
+   a labelled drawing nearby; without labels only a much smaller part (legend, colour bar)
+   beside a neighbour joins it; a merge may not swallow a panel it could not have merged with;
 7. boxes are tightened to the ink; an unlabelled panel loses a label-sized glyph group standing at
    its top-left corner above the rest (the label of a table or diagram); clusters without
    panel-sized content (stray text, caption strips) are dropped; a figure that is one panel
@@ -884,11 +884,16 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
 
 def _before(box: list[int], labelled: list[int], corner: str) -> bool:
     """``box`` lies wholly on the label's side of the labelled box: left of or above it for
-    labels at the top left, right of or below it for labels at the bottom right."""
+    labels at the top left, right of or below it for labels at the bottom right, left of or
+    below it at the bottom left, right of or above it at the top right."""
     if corner == "tl":
         return box[2] <= labelled[0] + 2 or box[3] <= labelled[1] + 2
     if corner == "br":
         return box[0] >= labelled[2] - 2 or box[1] >= labelled[3] - 2
+    if corner == "bl":
+        return box[2] <= labelled[0] + 2 or box[1] >= labelled[3] - 2
+    if corner == "tr":
+        return box[0] >= labelled[2] - 2 or box[3] <= labelled[1] + 2
     return False
 
 
