@@ -157,6 +157,11 @@ def test_missing_or_foreign_weights_name_the_file(tmp_path, monkeypatch):
     try:
         with pytest.raises(MarkerNetError, match=r"marker_net\.pt"):
             detect_markers(np.full((64, 64, 3), 128, np.uint8), (0.0, 0.0, 64.0, 64.0))
+        # ... and a miner being built stops there, before it takes a figure
+        from p2p.mining.pipeline import CpuMiner
+
+        with pytest.raises(MarkerNetError, match=r"marker_net\.pt"):
+            CpuMiner(load_text_encoder=False)
     finally:
         marker_net.shipped_net.cache_clear()
 

@@ -69,6 +69,7 @@ class CpuMiner:
         load_text_encoder: bool = True,
     ) -> None:
         from p2p.mining.cpu.labels import warm_up
+        from p2p.mining.cpu.marker_net import shipped_net
         from p2p.mining.cpu.panel_type import default_classifier
 
         self.params = params or CpuMinerParams()
@@ -76,6 +77,7 @@ class CpuMiner:
         self._encoder_lock = threading.Lock()
         self.panel_types = default_classifier()
         warm_up()  # OCR models load now, not on the first figure
+        shipped_net()  # the marker network too: a missing weights file stops the worker at start
         if load_text_encoder:
             _ = self.text_encoder.model  # the sentence encoder too
 
