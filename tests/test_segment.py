@@ -619,3 +619,35 @@ def test_unlabelled_image_on_the_label_side_is_not_a_sub_image_for_any_label_cor
         draw.text((x, y), text, fill=(255, 255, 255), font=font(18))
     image[:] = np.asarray(pil)
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def _two_rows_labelled_bottom_right(first_label_size: int) -> np.ndarray:
+    """Two touching images over one wide image, no gutters, white labels inside each image's
+    bottom-right corner. Each seam shows along about half of the figure's side only (the top
+    row's two images differ, the wide image matches the right one), too little to cut without
+    the labels."""
+    rng = np.random.default_rng(24)
+    image = canvas(620, 420)
+    image[10:170, 10:310] = texture(rng, 300, 160, 70)
+    image[10:170, 310:610] = texture(rng, 300, 160, 130)
+    image[170:410, 10:610] = texture(rng, 600, 240, 130)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for x, y, text, size in ((296, 154, "a", first_label_size), (590, 146, "b", 18), (590, 386, "c", 18)):
+        draw.text((x, y), text, fill=(255, 255, 255), font=font(size))
+    image[:] = np.asarray(pil)
+    return image
+
+
+TWO_ROWS_TRUTH = [(10.0, 10.0, 310.0, 170.0), (310.0, 10.0, 610.0, 170.0), (10.0, 170.0, 610.0, 410.0)]
+
+
+def test_labels_inside_bottom_right_corners_cut_touching_images() -> None:
+    assert_matches(segment_panels(_two_rows_labelled_bottom_right(18)), TWO_ROWS_TRUTH, 0.9)
+
+
+def test_a_row_cut_off_at_labels_is_split_again_along_its_own_seam() -> None:
+    """The first label is smaller than the others, so only the labels down the right side cut the
+    figure (into two rows); the seam between the top row's images, half the figure's height,
+    runs the whole height of that row and splits it."""
+    assert_matches(segment_panels(_two_rows_labelled_bottom_right(12)), TWO_ROWS_TRUTH, 0.9)

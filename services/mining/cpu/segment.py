@@ -19,7 +19,8 @@
    it as label guesses, and a guess reaching into an image ends at its edge; each label marks one
    panel, so an image part headed by a label at its top-left corner and by more of that size along
    its top or down its left side (in the gutter, or printed inside the images where a seam runs)
-   is cut into as many images;
+   is cut into as many images (mirrored for labels at the bottom right of each image); the
+   pieces are split again along gutters and seams, which may run the length of one row only;
 5. a label guess is kept when it heads a panel-sized part at its lower right (tick labels in a
    right-aligned column and text inside panels are not labels); images carrying a label-like glyph
    in the same corner inside (the commonest corner of the figure) head their own panel too;
@@ -1346,6 +1347,12 @@ def _split_at_labels(
             out_major.append(is_major)
             continue
         pieces = _cut_at_labels(content, edges, gray, part, labels, u, 0)
+        if len(pieces) == 1:
+            pieces = _cut_at_end_labels(content, edges, gray, part, labels, u)
+        if len(pieces) > 1:
+            # a seam running along one row of images only is too short to be seen across the
+            # whole part; within the row, once cut off, it runs the row's full length
+            pieces = [piece for cut in pieces for piece in _split_dense(edges.mask, edges, cut, u)]
         out_parts.extend(pieces)
         out_major.extend(_is_major(content, piece, u) for piece in pieces)
     return out_parts, out_major
@@ -1418,6 +1425,27 @@ def _cut_at_labels(
                 pieces.extend(_cut_at_labels(content, edges, gray, tight, labels, u, depth + 1))
         return pieces
     return [part]
+
+
+def _cut_at_end_labels(
+    content: np.ndarray, edges: _EdgeMaps, gray: np.ndarray, part: IntBox, labels: list[IntBox], u: float
+) -> list[IntBox]:
+    """``_cut_at_labels`` for labels printed at the bottom right of each image (the other common
+    place): the part is turned half a turn, so that its labels head it, and cut as such."""
+    x1, y1, x2, y2 = part
+
+    def turn(crop: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(crop[y1:y2, x1:x2][::-1, ::-1])
+
+    def back(b: IntBox) -> IntBox:
+        # the half turn maps the box back onto itself: (a, b, c, d) <-> (x2 - c, y2 - d, x2 - a, y2 - b)
+        return (x2 - b[2], y2 - b[3], x2 - b[0], y2 - b[1])
+
+    turned = turn(content)
+    turned_edges = _EdgeMaps(turn(edges.rgb), turned.astype(bool))
+    inside = [back(b) for b in labels if _overlaps(b, part)]
+    pieces = _cut_at_labels(turned, turned_edges, turn(gray), (0, 0, x2 - x1, y2 - y1), inside, u, 0)
+    return [part] if len(pieces) == 1 else sorted(back(b) for b in pieces)
 
 
 def _line_contrast(edges: _EdgeMaps, box: IntBox, axis: int, c: int) -> float:
