@@ -651,3 +651,22 @@ def test_a_row_cut_off_at_labels_is_split_again_along_its_own_seam() -> None:
     figure (into two rows); the seam between the top row's images, half the figure's height,
     runs the whole height of that row and splits it."""
     assert_matches(segment_panels(_two_rows_labelled_bottom_right(12)), TWO_ROWS_TRUTH, 0.9)
+
+
+def test_a_label_glyph_touching_the_image_below_joins_the_rest_of_its_label() -> None:
+    """ "(g)" above an image whose top the g's descender touches: the g is trimmed off the image
+    and joins the parentheses guessed on their own, so the whole label stays out of the box."""
+    rng = np.random.default_rng(25)
+    pil = Image.fromarray(canvas(580, 300))
+    draw = ImageDraw.Draw(pil)
+    draw.text((10, 4), "(f)", fill=(0, 0, 0), font=font(20))
+    # the g sits a little low, so that only its descender meets the image
+    draw.text((300, 4), "(", fill=(0, 0, 0), font=font(20))
+    draw.text((308, 7), "g", fill=(0, 0, 0), font=font(20))
+    draw.text((322, 4), ")", fill=(0, 0, 0), font=font(20))
+    image = np.asarray(pil).copy()
+    top = int(np.flatnonzero((image[:, 306:321].min(axis=2) < 225).any(axis=1))[-1]) + 1
+    image[40:290, 10:280] = texture(rng, 270, 250, 120)
+    image[top:290, 300:570] = texture(rng, 270, 290 - top, 120)
+    truth = [(10.0, 40.0, 280.0, 290.0), (300.0, float(top), 570.0, 290.0)]
+    assert_matches(segment_panels(image), truth, 0.9)

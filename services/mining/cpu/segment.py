@@ -16,7 +16,8 @@
    stands out from the texture beside it and is not one of many parallel ones (stripes,
    fringes), then a change of texture;
 4. labels printed against an image's edge (fused to it across a 0-2 px gutter) are trimmed off
-   it as label guesses, and a guess reaching into an image ends at its edge; each label marks one
+   it as label guesses (joining the guess beside them on their line: the "g" of "(g)" between
+   its parentheses), and a guess reaching into an image ends at its edge; each label marks one
    panel, so an image part headed by a label at its top-left corner and by more of that size along
    its top or down its left side (in the gutter, or printed inside the images where a seam runs)
    is cut into as many images (mirrored for labels at the bottom right of each image); the
@@ -1162,6 +1163,7 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
     parts, major = _parts(edges.mask, edges, u)
     if not given:
         # labels printed against an image's edge (0-2 px gutters) are fused to it
+        guessed = len(candidate_boxes)
         for k, part in enumerate(parts):
             if not major[k]:
                 continue
@@ -1171,7 +1173,7 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
             parts[k] = body
             for x1, y1, x2, y2 in fringe:
                 content[y1:y2, x1:x2] = 0
-                candidate_boxes.append((x1, y1, x2, y2))
+                guessed = _add_fringe_glyphs(candidate_boxes, guessed, (x1, y1, x2, y2))
     if not given:
         candidate_boxes = [_clip_out_of_parts(mask, box, parts, major) for box in candidate_boxes]
     parts, major = _split_at_labels(content, edges, gray, parts, major, candidate_boxes, u)
@@ -1237,6 +1239,40 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
         if box is not None:
             results.append(PanelCandidate(box=_float_box(box), confidence=0.3))
     return results
+
+
+def _add_fringe_glyphs(candidates: list[IntBox], guessed: int, box: IntBox) -> int:
+    """A glyph group trimmed off an image joins the label guesses (the first ``guessed`` of
+    ``candidates``, found apart from any image) beside it on its line (the "g" of "(g)", whose
+    descender touched the image, between parentheses guessed on their own): one label, one box,
+    instead of a parenthesis heading the panel and the rest of the label restored as its
+    content. Groups trimmed off images do not join each other (tick labels down a plot's axis
+    fused to the image beside it). Returns the new count of guesses at the front."""
+    joined = list(box)
+    mates: list[int] = []
+    for k in range(guessed - 1, -1, -1):
+        other = candidates[k]
+        tall = max(joined[3] - joined[1], other[3] - other[1])
+        short = min(joined[3] - joined[1], other[3] - other[1])
+        level = min(joined[3], other[3]) - max(joined[1], other[1]) >= 0.5 * short and short >= 0.5 * tall
+        near = max(other[0], joined[0]) - min(other[2], joined[2]) <= 0.5 * tall
+        # still label-sized once joined (not a line of text along the image's edge)
+        wide = max(joined[2], other[2]) - min(joined[0], other[0]) <= 3 * tall
+        if level and near and wide:
+            joined = [
+                min(joined[0], other[0]),
+                min(joined[1], other[1]),
+                max(joined[2], other[2]),
+                max(joined[3], other[3]),
+            ]
+            mates.append(k)
+    if not mates:
+        candidates.append(box)
+        return guessed
+    for k in mates:  # descending: deleting keeps the smaller indices
+        del candidates[k]
+    candidates.insert(mates[-1], (joined[0], joined[1], joined[2], joined[3]))
+    return guessed - len(mates) + 1
 
 
 def _without_heading_label(
