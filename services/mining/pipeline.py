@@ -173,6 +173,7 @@ class CpuMiner:
 
         regions: list[Region] = []
         markers = []
+        kinds_by_panel: dict[int, set[str]] = {}
         for index, panel in enumerate(panels):
             if panel.figure_type != "image":
                 continue
@@ -189,6 +190,9 @@ class CpuMiner:
             for region in fused:
                 region.panel_index = index
             regions.extend(fused)
+            kinds_by_panel[index] = {m.kind for m in found}
+        with timer.stage("captions"):
+            _marker_notes_to_marked_panels(panels, kinds_by_panel, split.shared_trailing)
         with timer.stage("postprocess"):
             if regions:
                 regions = postprocess(
@@ -239,6 +243,44 @@ class CpuMiner:
             stage_seconds=timer.seconds,
             notes=notes,
         )
+
+
+# Marker words of a caption and the detected kinds that show them (the detector may call an
+# arrow an arrowhead, a star an asterisk, a zoomed region's frame a box).
+_SHOWN_BY: dict[str, frozenset[str]] = {
+    "arrow": frozenset({"arrow", "arrowhead"}),
+    "arrowhead": frozenset({"arrow", "arrowhead"}),
+    "asterisk": frozenset({"asterisk", "star"}),
+    "star": frozenset({"asterisk", "star"}),
+    "box": frozenset({"box", "inset"}),
+    "square": frozenset({"box"}),
+    "inset": frozenset({"inset", "box"}),
+    "circle": frozenset({"circle"}),
+    "dashed line": frozenset({"box", "circle"}),
+    "outlined": frozenset({"box", "circle"}),
+    "dotted": frozenset({"box", "circle"}),
+}
+
+
+def _marker_notes_to_marked_panels(
+    panels: list[MinedPanel], kinds_by_panel: dict[int, set[str]], shared: list[str]
+) -> None:
+    """A closing note on markers that names no panel ("Arrows indicate necrosis.") is about the
+    panels that show such markers, which the caption leaves open and the image settles: it is
+    taken out of the subcaptions of the other panels. When no panel shows them (the detector
+    missed them), the note stays with every panel, as the caption alone would have it."""
+    from p2p.mining.captions import find_marker_mentions
+
+    for note in shared:
+        kinds = frozenset().union(*(_SHOWN_BY.get(word, frozenset()) for word in find_marker_mentions(note)))
+        if not kinds:
+            continue
+        marked = {i for i, found in kinds_by_panel.items() if found & kinds}
+        if not marked:
+            continue
+        for i, panel in enumerate(panels):
+            if i not in marked and panel.subcaption and note in panel.subcaption:
+                panel.subcaption = " ".join(panel.subcaption.replace(note, " ").split()) or None
 
 
 def _on_label(glyph: geometry.Box, label_boxes: Iterable[geometry.Box]) -> bool:
