@@ -1,0 +1,55 @@
+"""The installed package (what the Docker images `pip install`) carries the files the code loads
+at run time: model weights, prompts, the migration template and the viewer."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LOADED_AT_RUN_TIME = (
+    "p2p/mining/cpu/marker_net.pt",
+    "p2p/mining/cpu/panel_type_model.json",
+    "p2p/mining/lvlm/prompt_files/panels.txt",
+    "p2p/shared/migrations/script.py.mako",
+    "p2p/embedding_api/static/index.html",
+    "p2p/embedding_api/static/viewer.js",
+)
+
+
+def test_the_wheel_carries_the_data_files_the_code_loads(tmp_path: Path) -> None:
+    # Built from a copy of what the Dockerfiles copy: a build folder left in the checkout would
+    # carry files into the wheel that the package data no longer names.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for folder in ("shared", "services"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            ".",
+        ],
+        cwd=src,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("panel2patch-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert [name for name in LOADED_AT_RUN_TIME if name not in names] == []
+    shipped = (ROOT / "services/mining/cpu/marker_net.pt").read_bytes()
+    assert zipfile.ZipFile(wheel).read("p2p/mining/cpu/marker_net.pt") == shipped
