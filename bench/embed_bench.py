@@ -68,6 +68,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -718,31 +719,36 @@ def raw_configs(total_threads: int) -> list[tuple[int, int]]:
     return configs
 
 
+@dataclass(frozen=True)
+class EmbedRig:
+    """What every embedding measurement of one model runs against: the server, the crops posted
+    (PNG bytes), the options, the model's batch size and torch threads, and the CPU meter."""
+
+    server: ServerProcess
+    blobs: list[bytes]
+    args: argparse.Namespace
+    batch_size: int
+    threads: int
+    meter: CpuMeter
+
+
 def paired_rounds(
-    model: Any,
-    pil: list[Image.Image],
-    server: ServerProcess,
-    blobs: list[bytes],
-    args: argparse.Namespace,
-    batch_size: int,
-    threads: int,
-    meter: CpuMeter,
-    per_request: int,
-    binary: bool,
+    model: Any, pil: list[Image.Image], rig: EmbedRig, per_request: int, binary: bool
 ) -> dict[str, Any]:
     """Raw model and service measured in alternating slices (``--rounds`` of each, ``--duration``
     seconds in all for each), so that a change in the machine's other load hits both alike. The raw
     model runs in each of ``raw_configs`` per round; the reference is the faster configuration's
     rate over all rounds, and the ratio is the service's rate over it."""
+    args, meter = rig.args, rig.meter
     slice_s = args.duration / args.rounds
-    configs = raw_configs(threads)
+    configs = raw_configs(rig.threads)
     raws: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
     services = []
     warmup = args.warmup
     for _ in range(args.rounds):
         for workers, each in configs:
             with meter:
-                raw = raw_side_by_side(model, pil, batch_size, slice_s, workers, each)
+                raw = raw_side_by_side(model, pil, rig.batch_size, slice_s, workers, each)
             raw["cpu"] = meter.result
             raws[(workers, each)].append(raw)
         if not services:
@@ -754,8 +760,8 @@ def paired_rounds(
             warmup, slice_s = max(args.warmup, 1.5 * drain), max(slice_s, 5 * drain)
         services.append(
             service_throughput(
-                server,
-                blobs,
+                rig.server,
+                rig.blobs,
                 args.clients,
                 slice_s,
                 warmup,
@@ -795,17 +801,9 @@ def paired_rounds(
     }
 
 
-def embed_scenario(
-    name: str,
-    model: Any,
-    server: ServerProcess,
-    blobs: list[bytes],
-    args: argparse.Namespace,
-    batch_size: int,
-    threads: int,
-    meter: CpuMeter,
-) -> dict[str, Any]:
-    pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
+def embed_scenario(name: str, model: Any, rig: EmbedRig) -> dict[str, Any]:
+    args, meter, batch_size, threads = rig.args, rig.meter, rig.batch_size, rig.threads
+    pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in rig.blobs]
     log(f"{name}: raw encode_images, batches of {batch_size}, {args.duration:.0f} s, main thread")
     with meter:
         raw_main = raw_throughput(model, pil, batch_size, args.duration)
@@ -830,7 +828,7 @@ def embed_scenario(
             f"{args.clients} clients "
             f"x {per_request} image(s), binary={binary}, {args.duration:.0f} s each side"
         )
-        pair = paired_rounds(model, pil, server, blobs, args, batch_size, threads, meter, per_request, binary)
+        pair = paired_rounds(model, pil, rig, per_request, binary)
         pair["ratio_over_raw_prepared"] = round(pair["images_per_s"] / raw_prep["images_per_s"], 3)
         log(
             f"{name}: service {pair['images_per_s']} images/s, raw {pair['raw_rates_by_workers_x_threads']} "
@@ -1101,7 +1099,7 @@ def main() -> int:
             log(f"server up: {report['server_default']}")
 
             report["embed"] = [
-                embed_scenario("default", model, server, blobs, args, batch_size, threads, meter)
+                embed_scenario("default", model, EmbedRig(server, blobs, args, batch_size, threads, meter))
             ]
             report["embed"][0]["spec"] = "p2p-minilm-vit (custom: 4-layer 256-wide ViT-B/32-style, random)"
 
@@ -1171,7 +1169,7 @@ def main() -> int:
                 report["server_vit"] = server.start()
                 log(f"server up: {report['server_vit']}")
                 report["embed"].append(
-                    embed_scenario("ViT-B-32", vit, server, blobs, args, batch_size, threads, meter)
+                    embed_scenario("ViT-B-32", vit, EmbedRig(server, blobs, args, batch_size, threads, meter))
                 )
                 report["embed"][-1]["spec"] = "ModelSpec('vit-b-32', 'ViT-B-32', None, 'random')"
                 server.stop()
