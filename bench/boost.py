@@ -21,6 +21,27 @@ from pathlib import Path
 import psutil
 
 
+def autogroup_nice(pid: int | str = "self") -> int:
+    """The nice value of a process's scheduling group (0 where there is no autogroup)."""
+    try:
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
+        return int(fields[fields.index("nice") + 1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def set_autogroup_nice(pid: int, nice: int) -> bool:
+    """Give a process's scheduling group this nice value; False when it already had it or cannot
+    be set (gone, no autogroup, not root)."""
+    if autogroup_nice(pid) == nice:
+        return False
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        return False
+    return True
+
+
 def group_of(proc: psutil.Process) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         return [proc, *proc.children(recursive=True)]
@@ -37,14 +58,7 @@ def boost_once(pid: int, match: str | None, nice: int) -> int:
             if match in " ".join(proc.info.get("cmdline") or []):
                 for p in group_of(proc):
                     targets[p.pid] = p
-    changed = 0
-    for p in targets.values():
-        path = Path(f"/proc/{p.pid}/autogroup")
-        with contextlib.suppress(OSError):
-            if f"nice {nice}" not in path.read_text():
-                path.write_text(str(nice))
-                changed += 1
-    return changed
+    return sum(set_autogroup_nice(pid, nice) for pid in targets)
 
 
 def main() -> None:

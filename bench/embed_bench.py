@@ -76,6 +76,7 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+from boost import autogroup_nice, set_autogroup_nice
 from http_load import multipart_request, run_load
 from PIL import Image
 
@@ -253,13 +254,9 @@ def share_priority(pid: int) -> None:
     within their group; a benchmark run with its group's nice lowered (``echo -15 >
     /proc/self/autogroup``, so that other jobs on a shared machine yield to it) must pass that on to
     the server it starts, or the server alone competes at normal weight."""
-    try:
-        ours = Path("/proc/self/autogroup").read_text().split()
-        nice = int(ours[ours.index("nice") + 1])
-        if nice != 0:
-            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except (OSError, ValueError, IndexError):
-        pass  # no autogroup scheduling here: nothing to share
+    nice = autogroup_nice()
+    if nice != 0:
+        set_autogroup_nice(pid, nice)
 
 
 # --- the server -------------------------------------------------------------------------------
