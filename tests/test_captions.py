@@ -745,3 +745,45 @@ def test_last_group_keeps_its_own_notes_and_gives_named_scale_bars_away() -> Non
     only = split_caption("(A-D) MR images of the infarct. Scale bars, 1 cm (A) and 5 µm (D).", list("ABCD"))
     assert only.subcaptions["B"] == "(A-D) MR images of the infarct."
     assert only.subcaptions["D"] == "(A-D) MR images of the infarct. Scale bars, 1 cm (A) and 5 µm (D)."
+
+
+def test_note_after_last_panel_about_another_panel_goes_to_that_panel() -> None:
+    caption = (
+        "(A) Phase-contrast image. Scale bar, 50 µm. (B) TEM image. Scale bar, 20 nm. "
+        "Cyan arrow in A points to blebs. Arrows in B point to aggregates."
+    )
+    split = split_caption(caption, ["A", "B"])
+    own_a = "(A) Phase-contrast image. Scale bar, 50 µm."
+    assert split.subcaptions["A"] == f"{own_a} Cyan arrow in A points to blebs."
+    assert split.subcaptions["B"] == "(B) TEM image. Scale bar, 20 nm. Arrows in B point to aggregates."
+
+
+def test_one_scale_bar_after_last_panel_is_its_own() -> None:
+    split = split_caption("(a) Plot of volume. (b) Map. (c) MR image. Scale bar, 5 mm.", list("abc"))
+    assert split.subcaptions["a"] == "(a) Plot of volume."
+    assert split.subcaptions["c"] == "(c) MR image. Scale bar, 5 mm."
+    clause = split_caption("(a) Photograph. (b) Heat map. (c) TEM image; scale bar, 50 nm.", list("abc"))
+    assert clause.subcaptions["a"] == "(a) Photograph."
+    assert clause.subcaptions["c"] == "(c) TEM image; scale bar, 50 nm."
+    # Not a bare value: a note for every panel.
+    note = "Scale bar was shown in the first picture."
+    shared = split_caption(f"(a) Plot. (b) Map. (c) MR image. {note}", list("abc"))
+    assert shared.subcaptions["a"] == "(a) Plot. Scale bar was shown in the first picture."
+
+
+def test_scale_bars_of_last_group_are_its_own_when_other_panels_note_theirs() -> None:
+    caption = "(1): CT image; scale bar, 1 cm. (2 and 3): SEM images. Scale bars, 100 nm."
+    split = split_caption(caption, ["1", "2", "3"])
+    assert split.subcaptions["1"] == "(1): CT image; scale bar, 1 cm."
+    assert split.subcaptions["3"] == "(2 and 3): SEM images. Scale bars, 100 nm."
+    # After a single panel, bars (plural) are for several panels: shared.
+    single = split_caption("(a) CT. Scale bar = 1 cm. (b) SEM (arrows). Scale bars = 50 um.", ["a", "b"])
+    assert single.subcaptions["a"] == "(a) CT. Scale bar = 1 cm. Scale bars = 50 um."
+
+
+def test_scale_bars_after_the_last_panels_notes_are_shared() -> None:
+    bars = "Scale bars, 1 mm."
+    a = "A, Fundus photograph. Arrows point to exudates."
+    b = "B, Fundus photograph. Arrows indicate haemorrhages."
+    subcaptions = split_caption(f"{a} {b} {bars}", ["A", "B"]).subcaptions
+    assert (subcaptions["A"], subcaptions["B"]) == (f"{a} {bars}", f"{b} {bars}")

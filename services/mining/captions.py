@@ -39,7 +39,11 @@ order, label tokens kept:
   0.2 nm (c, d)"), or to every panel (``shared_trailing``) when they look shared: every other
   fragment is a single sentence, or they open with a cue ("Arrows indicate", "Scale bars =",
   "All", "These", ...) and are not footnotes ("*P < 0.05") nor of a kind every panel repeats
-  ("Original magnification ..." after each panel);
+  ("Original magnification ..." after each panel); a sentence naming only other panels ("(B) ...
+  Arrow in A points to ...") starts them; a bare scale-bar value stays the last panel's when it is
+  one bar ("(c) ... Scale bar, 5 nm.") or the bars of a last group whose other panels note their own
+  ("(1) ...; scale bar, 1 cm. (2, 3) ... Scale bars, 20 nm."), and is shared when plural after a
+  single panel or after the last panel's own notes ("... Arrows mark X. Scale bars, 1 mm.");
 * a panel without a fragment of its own that is named inline ("(a) ... compared with (b) ...")
   gets the sentences that name it.
 
@@ -1086,11 +1090,16 @@ def _distribute(
         for lo, hi in frag_sentences[i]
     )
     trailing_from: int | None = None
+    # Other panels note their own scale bars: an unnamed one after the last panel is its own.
+    scale_elsewhere = any(_SCALE_MENTION_RE.search(text, starts[i], ends[i]) for i in range(last))
     if single and not frag_sentences[last] and not post:
         # "A) lung, B) breast, ..., F) colon cancer; 10* magnification.": a closing clause for all.
         clause = _SHARED_CLAUSE_RE.search(text, starts[last], heads[last])
         before = text[starts[last] : clause.start()] if clause else ""
-        own_layout = clause is not None and _PANEL_PART_RE.match(clause.group(1))
+        own_layout = clause is not None and (
+            _PANEL_PART_RE.match(clause.group(1))
+            or _own_scale_note(clause.group(1), scale_elsewhere and len(label_sets[last]) >= 2)
+        )
         if (
             clause
             and not own_layout
@@ -1107,6 +1116,18 @@ def _distribute(
         scale = _SCALE_NOTE_RE.match(note)
         if len(own_last) >= 2 and names and names <= own_last and not scale:
             continue  # "(K, L) ... Arrows in K ...": the group's own text, for K and L
+        if names and not names & own_last and not names <= missing:
+            # "(B) ... Arrow in A points to ...": about other panels, so no longer B's own text.
+            trailing_from = k
+            break
+        if not names and _own_scale_note(note, scale_elsewhere and len(own_last) >= 2):
+            first = False
+            continue  # "(c) ... Scale bar, 5 nm.": one bar, or every panel notes its own
+        if not names and _SCALE_VALUE_RE.match(note) and (len(own_last) == 1 or k > 0):
+            # "(d) ... Scale bars, 50 um.": bars of several panels, not only (d)'s; after the last
+            # group's own notes ("... Arrows in E mark X. Scale bars, 1 mm.") a closing note.
+            trailing_from = k
+            break
         if scale and names:
             # "Scale bars, 1 cm (A) and 5 µm (D).": for the panels named. (An unnamed one
             # is the last panel's in the prostate set, the whole figure's in ours: left as is.)
@@ -1296,6 +1317,9 @@ def _skip_separators(text: str, pos: int) -> int:
 
 # "Scale bars, 1 cm (A) and 5 µm (D).": always a note for the panels it names (or all).
 _SCALE_NOTE_RE = re.compile(r"^scale\s*bars?\b", re.IGNORECASE)
+# A bare scale-bar value: "Scale bar, 5 nm.", "scale bars: 20 um" (not "Scale bar was shown ...").
+_SCALE_VALUE_RE = re.compile(r"^;?\s*scale\s*(?P<bars>bars?)\s*[,:=]?\s*\d", re.IGNORECASE)
+_SCALE_MENTION_RE = re.compile(r"\bscale\s*bars?\b", re.IGNORECASE)
 # A sentence about glyphs drawn on the image: "Red arrows indicate ...", "Dashed boxes outline ...".
 _MARKER_NOTE_RE = re.compile(
     r"^(?:the\s+)?(?:(?:white|black|red|green|blue|yellow|cyan|magenta|orange|open|filled|solid|dashed|dotted)"
@@ -1323,6 +1347,14 @@ def _sentence_kind(sentence: str) -> str:
     """First two words, lower-cased: sentences of the same kind ("original magnification")."""
     words = re.findall(r"[A-Za-z]+", sentence[:60])
     return " ".join(words[:2]).lower() if len(words) >= 2 else ""
+
+
+def _own_scale_note(note: str, others_note: bool) -> bool:
+    """An unnamed scale-bar value after the last panel's text that is that panel's own: one bar
+    ("Scale bar, 5 nm."), or bars of a last group whose other panels note their own
+    (``others_note``: "(A) ...; scale bar, 1 cm. (B, C) ... Scale bars, 20 nm.")."""
+    m = _SCALE_VALUE_RE.match(note)
+    return bool(m and (others_note or m.group("bars").lower() == "bar"))
 
 
 def _is_own_sentence(sentence: str) -> bool:
