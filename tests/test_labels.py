@@ -328,6 +328,15 @@ def test_text_detector_looks_at_every_panel_without_a_reading(monkeypatch: pytes
     assert sorted(looked) == list(range(6))
 
 
+def labels_in_reading_order(image: np.ndarray, count: int) -> list[str | None]:
+    """Segment ``image`` (expecting ``count`` panels), read and assign its labels, in reading order."""
+    panels = segment_panels(image)
+    assert len(panels) == count
+    order = reading_order(panels)
+    labels = assign_labels(panels, find_labels(image, panels))
+    return [labels[i] for i in order]
+
+
 def test_ocr_reads_white_labels_on_dark_discs() -> None:
     """Circled labels printed white on a filled dark disc are read from the disc's holes."""
     rng = np.random.default_rng(3)
@@ -363,11 +372,7 @@ def test_ocr_reads_circled_labels_whose_ring_touches_the_letter() -> None:
         draw.text((cx, cy), text, fill=(0, 0, 0), font=font(17), anchor="mm")
         draw.line([(cx + 5, cy), (cx + 9, cy)], fill=(0, 0, 0), width=2)  # touching for sure
     image = np.asarray(pil).copy()
-    panels = segment_panels(image)
-    assert len(panels) == 3
-    order = reading_order(panels)
-    labels = assign_labels(panels, find_labels(image, panels))
-    assert [labels[i] for i in order] == ["B", "C", "D"]
+    assert labels_in_reading_order(image, 3) == ["B", "C", "D"]
 
 
 def test_ocr_reads_jpeg_blurred_white_labels_inside_images() -> None:
@@ -461,3 +466,21 @@ def test_labels_in_one_corner_beside_overlay_text_in_another() -> None:
     panels = [panel(tuple(float(v) for v in b)) for b in boxes]  # type: ignore[arg-type]
     segment_panels(image)
     assert assign_labels(panels, find_labels(image, panels)) == ["a", "b"]
+
+
+def test_ocr_reads_small_jpeg_labels_on_dark_discs() -> None:
+    """Serif capitals white on 15 px discs, downscaled and JPEG-compressed: the ink mask fills
+    most of each letter, so the letter is read from the plate's grey levels."""
+    import io
+
+    boxes = [(60, 30, 320, 380), (370, 30, 630, 380), (680, 30, 940, 380)]
+    pil, draw = textured_figure((1000, 400), boxes, 150, seed=6)
+    for text, (x1, y1, _, _) in zip(["D", "E", "F"], boxes, strict=True):
+        cx, cy = x1 - 24, y1 + 22
+        draw.ellipse([cx - 19, cy - 19, cx + 19, cy + 19], fill=(0, 0, 0))
+        draw.text((cx, cy), text, fill=(255, 255, 255), font=font(25, "DejaVuSerif-Bold.ttf"), anchor="mm")
+    pil = pil.resize((400, 160), Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    pil.save(buffer, format="JPEG", quality=75)
+    image = np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")).copy()
+    assert labels_in_reading_order(image, 3) == ["D", "E", "F"]

@@ -95,6 +95,8 @@ _CONFUSIONS: dict[str, str] = {
     "f": "fr",
     "t": "tf",
     "J": "Jj",
+    "E": "EF",  # small serif capitals on a dark plate: the lower bar of "E" is a blur away
+    "F": "FE",
 }
 for _c in "cCkKoOpPsSuUvVwWxXyYzZ":
     _CONFUSIONS.setdefault(_c, _c)
@@ -358,7 +360,7 @@ def _outside_candidates(
         x1, y1, x2, y2 = _crop_box(word, gray.shape[1], gray.shape[0])
         region = cc_labels[y1:y2, x1:x2]
         keep = np.isin(region, members)
-        plate = _plate_glyphs(region, members)
+        plate = _plate_glyphs(region, members, gray[y1:y2, x1:x2])
         invert = False
         # circled labels: drop a ring that encloses the other glyph components, read what is inside
         if plate is None:
@@ -376,12 +378,14 @@ def _outside_candidates(
                 keep = dropped[iy1 - y1 : iy2 - y1, ix1 - x1 : ix2 - x1]
                 x1, y1, x2, y2 = ix1, iy1, ix2, iy2
         if plate is not None:
-            # light glyphs on a solid dark disc or box: read the holes, inverted
-            ys, xs = np.nonzero(plate)
+            # light glyphs on a solid dark disc or box: read the plate's inside, inverted, around
+            # the glyphs (their grey edges kept, the ground outside the plate whitened)
+            glyph_mask, inside = plate
+            ys, xs = np.nonzero(glyph_mask)
             inner = (x1 + int(xs.min()), y1 + int(ys.min()), x1 + int(xs.max()) + 1, y1 + int(ys.max()) + 1)
             ix1, iy1, ix2, iy2 = _crop_box(inner, gray.shape[1], gray.shape[0])
             full = np.zeros(gray.shape, dtype=bool)
-            full[y1:y2, x1:x2] = plate
+            full[y1:y2, x1:x2] = inside
             keep = full[iy1:iy2, ix1:ix2]
             x1, y1, x2, y2 = ix1, iy1, ix2, iy2
             invert = True
@@ -391,9 +395,15 @@ def _outside_candidates(
     return out
 
 
-def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
-    """Light glyphs printed on a solid dark plate (a filled disc or box): the background-coloured
-    holes inside the plate's largest component, or None when the group is not such a plate."""
+def _plate_glyphs(
+    region: np.ndarray, members: list[int], patch: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Light glyphs printed on a solid dark plate (a filled disc or box): (the glyphs, the plate's
+    inside) as masks of ``region``, or None when the group is not such a plate.
+
+    The glyphs are what is lighter than halfway between the plate's and the ground's grey
+    (``patch``: the grey image under ``region``), not the ink mask's holes: in a small plate,
+    blurred by JPEG or downscaling, the ink mask swallows all but a thread of each stroke."""
     if region.size == 0:
         return None
     ids, counts = np.unique(region[np.isin(region, members)], return_counts=True)
@@ -403,14 +413,19 @@ def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
     comp = (region == main).astype(np.uint8)
     ys, xs = np.nonzero(comp)
     bh, bw = int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1)
-    if min(bh, bw) < 16 or not 0.6 <= bw / bh <= 1.7 or int(comp.sum()) < 0.45 * bw * bh:
+    if min(bh, bw) < 10 or not 0.6 <= bw / bh <= 1.7 or int(comp.sum()) < 0.45 * bw * bh:
         return None
     contours, _ = cv2.findContours(comp, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     filled = np.zeros_like(comp)
     cv2.drawContours(filled, contours, -1, 1, thickness=-1)
     covered = int(filled.sum())
+    ground = patch[(filled == 0) & (region == 0)]
+    light = float(np.median(ground)) if ground.size else 255.0
+    dark = float(np.percentile(patch[comp > 0], 25))
+    if light - dark < 60:
+        return None
     filled = cv2.erode(filled, np.ones((3, 3), np.uint8))
-    holes = (filled > 0) & (region == 0)
+    holes = (filled > 0) & (patch > 0.5 * (light + dark))
     if holes.any():
         n, lab, stats, _ = cv2.connectedComponentsWithStats(holes.astype(np.uint8), connectivity=8)
         holes = np.isin(lab, [k for k in range(1, n) if stats[k, 4] >= 3])
@@ -425,7 +440,7 @@ def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
     ):
         return None
     stroke = cv2.distanceTransform(holes.astype(np.uint8), cv2.DIST_L2, 3)
-    if float(stroke.max()) > 0.1 * bh:
+    if float(stroke.max()) > max(1.5, 0.1 * bh):
         return None
     hy, hx = np.nonzero(holes)
     if not 0.25 * bh <= hy.max() - hy.min() + 1 <= 0.8 * bh:
@@ -435,7 +450,7 @@ def _plate_glyphs(region: np.ndarray, members: list[int]) -> np.ndarray | None:
     cy0, cx0 = int(ys.min()), int(xs.min())
     if min(hy.min() - cy0, cy0 + bh - 1 - hy.max(), hx.min() - cx0, cx0 + bw - 1 - hx.max()) < rim:
         return None
-    return holes
+    return holes, filled > 0
 
 
 def _drop_ring(region: np.ndarray, members: list[int], keep: np.ndarray) -> np.ndarray:
