@@ -484,3 +484,21 @@ def test_ocr_reads_small_jpeg_labels_on_dark_discs() -> None:
     pil.save(buffer, format="JPEG", quality=75)
     image = np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")).copy()
     assert labels_in_reading_order(image, 3) == ["D", "E", "F"]
+
+
+def test_clear_reading_of_another_kind_is_no_label() -> None:
+    """A clear "40" (a tick value beside the corner) among letters, or "R" among roman numerals,
+    is not the panel's label: with a series it is filled as if unread, without one dropped."""
+    boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(5)]
+    panels = [panel(b) for b in boxes]
+
+    def at(k: int, text: str) -> LabelDetection:
+        return detection(text, (boxes[k][0] - 14, 2, boxes[k][0] - 2, 16))
+
+    got = assign_labels(panels, [at(0, "A"), at(1, "40"), at(2, "C"), at(3, "D")])
+    assert got == ["A", "B", "C", "D", "E"]
+    got = assign_labels(panels, [at(0, "i"), at(1, "ii"), at(2, "R"), at(3, "iv")])
+    assert got == ["i", "ii", "iii", "iv", "v"]
+    # readings that form no series (ranks all off): the letters stay, the number goes
+    dets = [at(0, "C"), at(1, "30"), at(2, "A"), at(4, "B")]
+    assert assign_labels(panels, dets) == ["C", None, "A", None, "B"]

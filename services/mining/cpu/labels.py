@@ -1034,7 +1034,13 @@ def _repair_sequence(
     consistent = bool(series) and len(fitting) >= 2 and len(fitting) >= 0.6 * len(texts)
     fixed: dict[int, str] = {}
     if not consistent:
+        # no series to fill from, but the figure's labels share a kind: a clear reading of
+        # another kind ("30" among letters) is text near a corner, not a label
+        kinds = [_in_style(text, main) for text in strong.values()]
+        one_kind = sum(kinds) >= 2 and sum(kinds) > 2 * (len(kinds) - sum(kinds))
         for pi, text in strong.items():
+            if one_kind and not _in_style(text, main):
+                continue
             fits = [o for o in _options(text) if _style(o) == main]
             fixed[pi] = text if _style(text) == main or not fits else fits[0]
         return _dedupe(fixed, confidence)
@@ -1070,14 +1076,26 @@ def _repair_sequence(
         keep = not order_trusted and pi in strong and reading in members
         if pi in fitting and expected is not None and not keep:
             fixed[pi] = expected
-        elif reading is not None and pi in strong:
+        elif reading is not None and pi in strong and _in_style(reading, main):
             # a clear reading that no confusion at its rank explains: trust it, in the series'
-            # style when it has one ("c" in an upper-case series whose ranks are off)
+            # style when it has one ("c" in an upper-case series whose ranks are off); one in
+            # no way of the series' style ("40", "R" among roman numerals) is text beside the
+            # label, which is filled as if unread
             styled = [o for o in _options(reading) if _style(o) == main]
             fixed[pi] = reading if _style(reading) == main or not styled else styled[0]
         elif expected is not None and ((confirmed(rank - 1) and confirmed(rank + 1)) or bracketed(rank)):
             fixed[pi] = expected
     return _dedupe(fixed, confidence)
+
+
+def _family(style: str) -> str:
+    return "letter" if style in ("lower", "upper") else style.split("+")[0].strip("0123456789") or "number"
+
+
+def _in_style(text: str, style: str) -> bool:
+    """Whether a reading is, or may stand for, a label of ``style``'s kind (letters of either
+    case, digits, roman numerals, figure-number compounds)."""
+    return any(_family(_style(o)) == _family(style) for o in _options(text))
 
 
 def _dedupe(fixed: dict[int, str], confidence: dict[int, float]) -> dict[int, str]:
