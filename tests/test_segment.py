@@ -11,7 +11,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from p2p.mining.cpu.eval_panels import error_kind, evaluate
-from p2p.mining.cpu.segment import rejected_guesses, segment_panels
+from p2p.mining.cpu.segment import _label_at_spot, corner_glyphs, rejected_guesses, segment_panels
 from p2p.mining.cpu.xycut import naive_xycut
 from p2p.mining.types import LabelDetection
 from p2p.shared import geometry
@@ -394,11 +394,11 @@ def _speckled_label_figure() -> tuple[np.ndarray, list[tuple[float, float, float
         draw.text((x, 8), text, fill=(0, 0, 0), font=font(22))
         truth.append((float(x), 40.0, float(x + 300), 290.0))
     image[:] = np.asarray(pil)
-    for x, _, _, _ in truth:
+    for left, _, _, _ in truth:
         # single-pixel specks just under the line, from the last column of the "(" on
-        ink = image[:40, int(x) : int(x) + 60].min(axis=2) < 225
+        ink = image[:40, int(left) : int(left) + 60].min(axis=2) < 225
         cols, rows = np.flatnonzero(ink.any(axis=0)), np.flatnonzero(ink.any(axis=1))
-        paren_end = int(x) + int(cols[np.flatnonzero(np.diff(cols) > 1)[0]])
+        paren_end = int(left) + int(cols[np.flatnonzero(np.diff(cols) > 1)[0]])
         for dx in range(0, 24, 4):
             image[int(rows[-1]) + 2 + dx % 3, paren_end + dx] = 150
     for x1, y1, x2, y2 in truth:
@@ -670,3 +670,35 @@ def test_a_label_glyph_touching_the_image_below_joins_the_rest_of_its_label() ->
     image[top:290, 300:570] = texture(rng, 270, 290 - top, 120)
     truth = [(10.0, 40.0, 280.0, 290.0), (300.0, float(top), 570.0, 290.0)]
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def _four_images_labelled_top_left() -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+    """Four touching grey images with white labels inside their top-left corners; a bright streak
+    runs down beside the last label (a crowd of bright dots in a fluorescence field)."""
+    rng = np.random.default_rng(26)
+    image = canvas(630, 260)
+    parts = []
+    for k, x in enumerate((10, 160, 310, 460)):
+        image[10:250, x : x + 150] = texture(rng, 150, 240, (150, 100, 125, 80)[k])
+        parts.append((x, 10, x + 150, 250))
+    image[22:62, 481:483] = 255
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for k, (x, _, _, _) in enumerate(parts):
+        draw.text((x + 5, 12), "ABCD"[k], fill=(255, 255, 255), font=font(18))
+    return np.asarray(pil).copy(), parts
+
+
+def test_a_label_missed_by_the_corner_search_is_found_where_the_others_sit() -> None:
+    image, parts = _four_images_labelled_top_left()
+    gray = np.asarray(Image.fromarray(image).convert("L"))
+    found = [corner_glyphs(gray, part, 8.0, ("tl",), otsu=False) for part in parts]
+    assert all(found[:3]) and not found[3]  # the streak beside "D" hides it from the search
+    labelled = [(part, glyphs[0]) for part, glyphs in zip(parts[:3], found[:3], strict=True)]
+    assert _label_at_spot(gray, parts[3], labelled, "tl")
+    # the same image with its label printed elsewhere, or a figure whose labels sit elsewhere
+    shifted = [(part[0] + 40, part[1], part[2], part[3]) for part in parts]
+    assert not _label_at_spot(gray, shifted[3], labelled, "tl")
+    assert not _label_at_spot(gray, parts[3], labelled, "bl")
+    # two labels are too few to say where labels sit
+    assert not _label_at_spot(gray, parts[3], labelled[:1], "tl")

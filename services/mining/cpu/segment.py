@@ -24,7 +24,9 @@
    pieces are split again along gutters and seams, which may run the length of one row only;
 5. a label guess is kept when it heads a panel-sized part at its lower right (tick labels in a
    right-aligned column and text inside panels are not labels); images carrying a label-like glyph
-   in the same corner inside (the commonest corner of the figure) head their own panel too;
+   in the same corner inside (the commonest corner of the figure) head their own panel too, and
+   so does an image showing a glyph of their height just where the others' labels sit in theirs
+   (a label the corner search missed beside bright dots, or fused to its circle);
 6. parts are clustered bottom-up by gap: text (tick labels, axis titles, legends) joins the
    nearest panel; parts headed by different labels never merge; in a labelled figure images join
    only when (nearly) touching (sub-images under one label, read or not), and never one that
@@ -1191,10 +1193,13 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
     outside = sum(1 for a in anchors if a >= 0)
     images = [k for k in range(len(parts)) if major[k] and dense[k] and anchors[k] < 0]
     hits: dict[str, list[int]] = {}
+    found: dict[tuple[str, int], CornerGlyph] = {}
     for corners in (("tl",), ("tr", "bl", "br")):  # the usual corner first
         for k in images:
-            for corner in {g.corner for g in corner_glyphs(gray, parts[k], u, corners, otsu=False)}:
-                hits.setdefault(corner, []).append(k)
+            for g in corner_glyphs(gray, parts[k], u, corners, otsu=False):
+                if (g.corner, k) not in found:
+                    found[g.corner, k] = g
+                    hits.setdefault(g.corner, []).append(k)
         if len(hits.get("tl", [])) >= max(2, 0.5 * len(images)):
             break
     label_corner = "tl"
@@ -1207,6 +1212,13 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
             for k in hits[corner]:
                 anchors[k] = next_anchor
                 next_anchor += 1
+            # the images whose label the corner search missed (a label among bright dots, a
+            # circled one beside a marker): each label sits where the others sit in their images
+            labelled = [(parts[k], found[corner, k]) for k in hits[corner]]
+            for k in images:
+                if anchors[k] < 0 and _label_at_spot(gray, parts[k], labelled, corner):
+                    anchors[k] = next_anchor
+                    next_anchor += 1
     clusters = _cluster(parts, major, dense, anchors, u, float(mh * mw), label_corner)
 
     keep_mask = content.astype(bool)
@@ -1239,6 +1251,101 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
         if box is not None:
             results.append(PanelCandidate(box=_float_box(box), confidence=0.3))
     return results
+
+
+def _corner_frame(box: IntBox, inner: IntBox, corner: str) -> tuple[int, int, int, int]:
+    """``inner``'s distances from ``box``'s ``corner``: to its near side across (x) and down
+    (y), and to its far side down (as if the corner were the top left: a bottom label's far
+    side is its top)."""
+    dx = inner[0] - box[0] if corner[1] == "l" else box[2] - inner[2]
+    if corner[0] == "t":
+        near, far = inner[1] - box[1], inner[3] - box[1]
+    else:
+        near, far = box[3] - inner[3], box[3] - inner[1]
+    return dx, near, far, inner[2] - inner[0]
+
+
+def _label_at_spot(
+    gray: np.ndarray, part: IntBox, labelled: list[tuple[IntBox, CornerGlyph]], corner: str
+) -> bool:
+    """An image's label found where the figure's other labels sit in their images: a glyph of
+    their polarity and height, the same offset from the same corner, standing apart from the
+    picture around it (a looser look than ``corner_glyphs``, trusted only at that spot)."""
+    if len(labelled) < 2:
+        return False
+    frames = np.array([_corner_frame(p, g.box, corner) for p, g in labelled], dtype=np.float64)
+    dx, near, far = (float(np.median(frames[:, i])) for i in range(3))
+    heights = frames[:, 2] - frames[:, 1]
+    gh = float(np.median(heights))
+    # most labels must agree on their spot; else the position says nothing
+    tol = max(2.0, 0.35 * gh)
+    agree = (np.abs(frames[:, 0] - dx) <= tol) & (
+        (np.abs(frames[:, 1] - near) <= tol) | (np.abs(frames[:, 2] - far) <= tol)
+    )
+    if gh < 5 or float(agree.mean()) < 0.6:
+        return False
+    x1, y1, x2, y2 = part
+    reach_x, reach_y = round(dx + 3.5 * gh), round(near + 2.0 * gh)
+    if reach_x >= x2 - x1 or reach_y >= y2 - y1:
+        return False
+    wx1 = x1 if corner[1] == "l" else x2 - reach_x
+    wy1 = y1 if corner[0] == "t" else y2 - reach_y
+    crop = gray[wy1 : wy1 + reach_y, wx1 : wx1 + reach_x]
+    ground = float(np.median(crop))
+    for text_mask in (
+        crop >= min(230.0, max(185.0, ground + 0.7 * (255.0 - ground))),
+        crop <= max(30.0, min(70.0, 0.3 * ground)),
+    ):
+        if _glyph_at(part, crop, text_mask, (wx1, wy1), corner, (dx, near, far, gh)):
+            return True
+    return False
+
+
+def _glyph_at(
+    part: IntBox,
+    crop: np.ndarray,
+    text_mask: np.ndarray,
+    origin: tuple[int, int],
+    corner: str,
+    spot: tuple[float, float, float, float],
+) -> bool:
+    """A glyph of ``text_mask`` (a window of the figure at ``origin``) at the spot (offset
+    across, near and far offsets down from ``part``'s ``corner``, height), alone and standing
+    out from the ground around it."""
+    dx, near, far, gh = spot
+    tol = max(2.0, 0.35 * gh)
+    n, cc, stats, _ = cv2.connectedComponentsWithStats(text_mask.astype(np.uint8), connectivity=8)
+    for cid in range(1, n):
+        bx, by, bw, bh, area = (int(v) for v in stats[cid])
+        glyph = (origin[0] + bx, origin[1] + by, origin[0] + bx + bw, origin[1] + by + bh)
+        gdx, gnear, gfar, _ = _corner_frame(part, glyph, corner)
+        if 0.55 * gh <= bh <= 1.5 * gh and bw <= 1.6 * bh + 2 and area >= 0.12 * bw * bh:
+            # the label's first glyph on its side, its baseline (or top) level with the others'
+            level = abs(gnear - near) <= tol or abs(gfar - far) <= tol
+            if abs(gdx - dx) > tol or not level:
+                continue
+        elif 1.1 * gh <= bh <= 2.4 * gh and 0.7 * bh <= bw <= 1.4 * bh and area < 0.45 * bw * bh:
+            # a circle around the label, fused to its glyph (JPEG): the spot lies inside it
+            if not (gdx < dx + 0.2 * gh and gnear < near + 0.2 * gh and gfar > far - 0.2 * gh):
+                continue
+            if gdx + bw < dx + 0.8 * gh:
+                continue
+        else:
+            continue
+        # alone: the ring around it holds little of its kind, and it stands out from the ground
+        pad = max(2, round(0.3 * bh))
+        rx1, ry1 = max(0, bx - pad), max(0, by - pad)
+        rx2, ry2 = min(crop.shape[1], bx + bw + pad), min(crop.shape[0], by + bh + pad)
+        region = cc[ry1:ry2, rx1:rx2]
+        others = text_mask[ry1:ry2, rx1:rx2] & (region != cid)
+        if float(others.sum()) > 0.15 * float((region != cid).sum()):
+            continue
+        glyph_px = crop[ry1:ry2, rx1:rx2][region == cid]
+        ground_px = crop[ry1:ry2, rx1:rx2][~text_mask[ry1:ry2, rx1:rx2]]
+        if ground_px.size < 4 or abs(float(np.median(glyph_px)) - float(np.median(ground_px))) < 70:
+            continue
+        return True
+    return False
 
 
 def _add_fringe_glyphs(candidates: list[IntBox], guessed: int, box: IntBox) -> int:
