@@ -11,7 +11,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from p2p.mining.cpu.eval_panels import error_kind, evaluate
-from p2p.mining.cpu.segment import _label_at_spot, corner_glyphs, rejected_guesses, segment_panels
+from p2p.mining.cpu.segment import _label_at_spot, corner_glyphs, ink_mask, rejected_guesses, segment_panels
 from p2p.mining.cpu.xycut import naive_xycut
 from p2p.mining.types import LabelDetection
 from p2p.shared import geometry
@@ -702,3 +702,20 @@ def test_a_label_missed_by_the_corner_search_is_found_where_the_others_sit() -> 
     assert not _label_at_spot(gray, parts[3], labelled, "bl")
     # two labels are too few to say where labels sit
     assert not _label_at_spot(gray, parts[3], labelled[:1], "tl")
+
+
+def test_dark_images_along_the_figure_edges_do_not_make_a_dark_canvas() -> None:
+    """Black images reach the figure's edges on every side (the border is one dark tone, with
+    dark rows inside the images), but a white gutter runs right across the figure: the
+    background is light, and the gutter is no ink."""
+    rng = np.random.default_rng(27)
+    image = np.zeros((300, 400, 3), dtype=np.uint8)
+    for _ in range(40):
+        x, y = int(rng.integers(10, 390)), int(rng.integers(10, 290))
+        image[y : y + 4, x : x + 4] = (60, 200, 60)
+    image[140:152] = 255  # the gutter between the two rows of images
+    mask = ink_mask(image)
+    assert not mask[140:152].any()
+    assert mask[:140].mean() < 0.2 or mask[:140].mean() > 0.8  # either way a clear reading
+    assert mask[0, 0]
+    assert_matches(segment_panels(image), [(0.0, 0.0, 400.0, 140.0), (0.0, 152.0, 400.0, 300.0)], 0.9)

@@ -3,7 +3,7 @@
 ``segment_panels`` turns a figure into tight panel boxes:
 
 1. ink mask (darkest channel below near-white; figures on a flat dark canvas the other way
-   round), a frame drawn around the whole figure and JPEG specks removed, and a text unit ``u``
+   round, unless a light gutter runs right across them), a frame drawn around the whole figure and JPEG specks removed, and a text unit ``u``
    (median glyph height) that scales every threshold below;
 2. panel-label glyphs are guessed from connected components alone (small groups of at most four
    glyphs with nothing to their left or above, circled labels included) and taken out of the
@@ -111,6 +111,11 @@ def ink_mask(rgb: np.ndarray) -> np.ndarray:
         return light
     background = np.median(border, axis=0)
     if float(background.max()) >= 100 or float((np.abs(border - background).max(axis=1) <= 6).mean()) < 0.97:
+        return light
+    # a line of light background right across the figure is a gutter: the dark border is the
+    # edge of images placed against the figure's edges, not a canvas
+    inner_light = light[2:-2, 2:-2]
+    if bool((inner_light.mean(axis=1) >= 0.99).any() or (inner_light.mean(axis=0) >= 0.99).any()):
         return light
     dark = np.asarray(np.abs(rgb.astype(np.int16) - background.astype(np.int16)).max(axis=2) > 40)
     inner_rows = np.asarray(dark[2:-2].any(axis=1), dtype=bool)
