@@ -462,6 +462,9 @@ def test_partial_hint_is_completed_from_the_caption() -> None:
     assert split.subcaptions["c"] == "c A third sample."
     tail = split_caption("(1) Control. (2) Treated. (3) Knockout. (4) Rescue.", labels=["1", "2"])
     assert tail.subcaptions["2"] == "(2) Treated."
+    # One label read (the other panel missed): the caption's own labels still cut the text.
+    one = split_caption("Kidney. a Western blot of PD-L1. b Western blot of CD31.", labels=["a"])
+    assert one.subcaptions["a"] == "a Western blot of PD-L1."
 
 
 def test_partial_hint_that_disagrees_with_the_caption_is_kept() -> None:
@@ -732,7 +735,7 @@ def test_unnamed_marker_note_after_last_panel_is_its_own_when_panels_have_notes(
     assert split.subcaptions["c"] == "(c) Western blot. Arrow indicates the band."
 
 
-def test_last_group_keeps_its_own_notes_and_gives_named_scale_bars_away() -> None:
+def test_last_group_keeps_its_own_notes_and_gives_scale_bars_of_others_away() -> None:
     caption = (
         "(A) IHC of PD-L1. (B-D) Immunofluorescence of CD31. Arrowheads in B and C mark nuclei. "
         "Scale bars, 1 cm (A) and 20 µm (B-D)."
@@ -742,9 +745,10 @@ def test_last_group_keeps_its_own_notes_and_gives_named_scale_bars_away() -> Non
     bars = "Scale bars, 1 cm (A) and 20 µm (B-D)."
     assert split.subcaptions["D"] == f"{group} {bars}"
     assert split.subcaptions["A"] == f"(A) IHC of PD-L1. {bars}"
-    only = split_caption("(A-D) MR images of the infarct. Scale bars, 1 cm (A) and 5 µm (D).", list("ABCD"))
-    assert only.subcaptions["B"] == "(A-D) MR images of the infarct."
-    assert only.subcaptions["D"] == "(A-D) MR images of the infarct. Scale bars, 1 cm (A) and 5 µm (D)."
+    # Naming only the group's panels, a scale-bar note is the group's own (as its other notes).
+    group = "(A-D) MR images of the infarct. Scale bars, 1 cm (A) and 5 µm (D)."
+    only = split_caption(f"{group} Arrows in B mark the core.", list("ABCD"))
+    assert only.subcaptions["B"] == only.subcaptions["D"] == f"{group} Arrows in B mark the core."
 
 
 def test_note_after_last_panel_about_another_panel_goes_to_that_panel() -> None:
@@ -787,3 +791,34 @@ def test_scale_bars_after_the_last_panels_notes_are_shared() -> None:
     b = "B, Fundus photograph. Arrows indicate haemorrhages."
     subcaptions = split_caption(f"{a} {b} {bars}", ["A", "B"]).subcaptions
     assert (subcaptions["A"], subcaptions["B"]) == (f"{a} {bars}", f"{b} {bars}")
+
+
+def test_note_naming_a_panel_outside_the_last_group_goes_to_the_panels_it_names() -> None:
+    note = "Red arrows in A and C mark pores."
+    caption = f"(A) IHC of CD31. Asterisks mark vessels. (B, C) TEM images. {note}"
+    split = split_caption(caption, ["A", "B", "C"])
+    assert split.subcaptions["A"] == f"(A) IHC of CD31. Asterisks mark vessels. {note}"
+    assert split.subcaptions["B"] == "(B, C) TEM images."
+    assert split.subcaptions["C"] == f"(B, C) TEM images. {note}"
+
+
+def test_unnamed_marker_note_after_the_last_panel_is_shared_when_no_panel_notes_its_own() -> None:
+    shared = split_caption(
+        "(A) IHC of CD31. (B) TEM image. Scale bar, 5 nm. Red arrow marks a pore.", ["A", "B"]
+    )
+    assert shared.subcaptions["A"] == "(A) IHC of CD31. Red arrow marks a pore."
+    assert shared.subcaptions["B"] == "(B) TEM image. Scale bar, 5 nm. Red arrow marks a pore."
+
+
+def test_unnamed_marker_note_is_shared_alone_and_the_groups_notes_after_it_stay_the_groups() -> None:
+    head = "(D-F) Confocal images."
+    caption = f"(A) Plot of volume. {head} Arrows indicate puncta. Stars in F mark cysts."
+    split = split_caption(caption, list("ABCDEF"))
+    assert split.shared_trailing == ["Arrows indicate puncta."]
+    assert split.subcaptions["A"] == "(A) Plot of volume. Arrows indicate puncta."
+    assert split.subcaptions["D"] == f"{head} Arrows indicate puncta. Stars in F mark cysts."
+    # An unnamed note after such a legend continues it: shared too.
+    legend = split_caption(
+        "(A) Normal gland. (B) Metastasis. Arrows, osteoblasts. Scale = 50 um.", ["A", "B"]
+    )
+    assert legend.subcaptions["A"] == "(A) Normal gland. Arrows, osteoblasts. Scale = 50 um."

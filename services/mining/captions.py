@@ -39,11 +39,17 @@ order, label tokens kept:
   0.2 nm (c, d)"), or to every panel (``shared_trailing``) when they look shared: every other
   fragment is a single sentence, or they open with a cue ("Arrows indicate", "Scale bars =",
   "All", "These", ...) and are not footnotes ("*P < 0.05") nor of a kind every panel repeats
-  ("Original magnification ..." after each panel); a sentence naming only other panels ("(B) ...
-  Arrow in A points to ...") starts them; a bare scale-bar value stays the last panel's when it is
-  one bar ("(c) ... Scale bar, 5 nm.") or the bars of a last group whose other panels note their own
-  ("(1) ...; scale bar, 1 cm. (2, 3) ... Scale bars, 20 nm."), and is shared when plural after a
-  single panel or after the last panel's own notes ("... Arrows mark X. Scale bars, 1 mm.");
+  ("Original magnification ..." after each panel). A sentence naming only panels of a last group
+  is the group's ("(D-F) ... Arrows in E ...", "Scale bars, 1 cm (D) and 5 um (E, F)."); one
+  naming another panel ("(B) ... Arrow in A points to ...") starts the shared part. A bare
+  scale-bar value right after the last panel's text is its own when it is one bar ("(c) ...
+  Scale bar, 5 nm.") or the bars of a last group whose other panels note their own ("(1) ...;
+  scale bar, 1 cm. (2, 3) ... Scale bars, 20 nm."), and is shared when plural after a single panel
+  or after the last panel's notes ("... Arrows mark X. Scale bars, 1 mm."). A marker note naming
+  no panel ("Arrows indicate X.") is the last panel's when the other panels note their own
+  markers, else shared on its own (which panels show such markers the caption leaves open: the
+  miner keeps it for the panels whose images show them); the group's notes after it stay the
+  group's, an unnamed sentence after it continues it;
 * a panel without a fragment of its own that is named inline ("(a) ... compared with (b) ...")
   gets the sentences that name it.
 
@@ -1110,17 +1116,20 @@ def _distribute(
             ends[last] = clause.start() + 1
     own_last = label_sets[last]
     first = True
+    open_notes: set[int] = set()  # unnamed marker notes of the last fragment shared one by one
     for k, (lo, hi) in enumerate(frag_sentences[last]):
         note = text[lo : min(hi, lo + 500)].strip()
         names = _named_labels(text, lo, hi, known, roman, upper)
-        scale = _SCALE_NOTE_RE.match(note)
-        if len(own_last) >= 2 and names and names <= own_last and not scale:
-            continue  # "(K, L) ... Arrows in K ...": the group's own text, for K and L
-        if names and not names & own_last and not names <= missing:
-            # "(B) ... Arrow in A points to ...": about other panels, so no longer B's own text.
+        if len(own_last) >= 2 and names and names <= own_last:
+            # "(K, L) ... Arrows in K ...", "(A-D) ... Scale bars, 1 cm (A) and 5 µm (D).": the
+            # group's own text, for K and L, for A to D
+            continue
+        if names and names - own_last and not names <= missing:
+            # "(B) ... Arrow in A points to ...", "Scale bars, 1 nm (a) and 0.2 nm (c, d)": about
+            # other panels too, so no longer the last panel's own text.
             trailing_from = k
             break
-        if not names and _own_scale_note(note, scale_elsewhere and len(own_last) >= 2):
+        if not names and k == 0 and _own_scale_note(note, scale_elsewhere and len(own_last) >= 2):
             first = False
             continue  # "(c) ... Scale bar, 5 nm.": one bar, or every panel notes its own
         if not names and _SCALE_VALUE_RE.match(note) and (len(own_last) == 1 or k > 0):
@@ -1128,18 +1137,22 @@ def _distribute(
             # group's own notes ("... Arrows in E mark X. Scale bars, 1 mm.") a closing note.
             trailing_from = k
             break
-        if scale and names:
-            # "Scale bars, 1 cm (A) and 5 µm (D).": for the panels named. (An unnamed one
-            # is the last panel's in the prostate set, the whole figure's in ours: left as is.)
-            trailing_from = k
+        if not names and _MARKER_NOTE_RE.match(note):
+            first = False
+            if not marker_style:
+                # "(D) ... Arrows indicate nucleoli.": which panels show them the caption leaves
+                # open (a legend for all, or the last panel's note): shared, for the image to
+                # settle; the group's notes after it stay the group's.
+                open_notes.add(k)
+            continue  # per-panel marker notes: this one is the last panel's own
+        if open_notes and not names:
+            trailing_from = k  # "Arrows, osteoblasts. Scale = 50 um.": a legend, then more of it
             break
         if single and first and not _is_own_sentence(note[:200]):
             trailing_from = k  # every other panel's text is one sentence: the rest is for all
             break
         first = False
         if _is_shared_sentence(note) and shared_kind(lo, hi):
-            if not names and marker_style and _MARKER_NOTE_RE.match(note):
-                continue  # per-panel marker notes: this one is the last panel's own
             trailing_from = k
             break
     for i in range(len(splits)):
@@ -1151,6 +1164,11 @@ def _distribute(
                 if k == trailing_from:
                     ends[i] = lo
                 segments.append(_Segment(lo, hi, frozenset(names) if names else None))
+                continue
+            if i == last and k in open_notes:
+                holes[i].append((lo, hi))
+                segments.append(_Segment(lo, hi, None))
+                run_start = None
                 continue
             if not names:
                 if run_start is None:
@@ -1316,7 +1334,6 @@ def _skip_separators(text: str, pos: int) -> int:
 
 
 # "Scale bars, 1 cm (A) and 5 µm (D).": always a note for the panels it names (or all).
-_SCALE_NOTE_RE = re.compile(r"^scale\s*bars?\b", re.IGNORECASE)
 # A bare scale-bar value: "Scale bar, 5 nm.", "scale bars: 20 um" (not "Scale bar was shown ...").
 _SCALE_VALUE_RE = re.compile(r"^;?\s*scale\s*(?P<bars>bars?)\s*[,:=]?\s*\d", re.IGNORECASE)
 _SCALE_MENTION_RE = re.compile(r"\bscale\s*bars?\b", re.IGNORECASE)
@@ -1414,10 +1431,10 @@ def _complete_hint(text: str, labels: list[str]) -> list[str]:
     OCR may miss a panel's label (or segmentation a panel): a hint without it would read that
     panel's text as part of its neighbour's fragment (a bare "c Overview..." that is no known
     label is text; labels after the last hinted one are text). When the caption's own reading
-    names the hint's labels (all but one at most, and at least two), the labels only the caption
+    names the hint's labels (all of one or two, all but one of more), the labels only the caption
     names are added, so their text gets cut off and goes to them."""
     hint = _make_hint(labels)
-    if hint is None or len(hint.keys) < 2:
+    if hint is None or not hint.keys:
         return labels
     own = _split_unhinted(text)
     roman = bool(hint.roman)
@@ -1428,7 +1445,7 @@ def _complete_hint(text: str, labels: list[str]) -> list[str]:
             own_keys.setdefault(key, lab)
     agree = sum(key in own_keys for key in hint.keys)
     extra = [lab for key, lab in own_keys.items() if key not in hint.keys]
-    if not extra or agree < max(2, len(hint.keys) - 1):
+    if not extra or agree < (len(hint.keys) if len(hint.keys) <= 2 else len(hint.keys) - 1):
         return labels
     return [*labels, *extra]
 
