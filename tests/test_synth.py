@@ -183,7 +183,7 @@ def test_boxes_are_consistent_with_pixels(pool: list[tuple[Image.Image, dict[str
 
 
 def test_all_panel_types_are_drawn_with_consistent_boxes() -> None:
-    types = set()
+    types: set[str] = set()
     for seed in range(3):
         img, gt = generate_figure(
             seed,
@@ -228,7 +228,10 @@ def test_arrow_tip_is_the_extreme_pixel_in_its_direction(
 
 
 def test_every_label_style_and_marker_kind_appears(pool: list[tuple[Image.Image, dict[str, Any]]]) -> None:
-    styles, kinds, positions, decorations = set(), set(), set(), set()
+    styles: set[str] = set()
+    kinds: set[str] = set()
+    positions: set[str] = set()
+    decorations: set[str] = set()
     for _, gt in pool:
         s = gt["synth"]
         styles.add(s["label_style"])
@@ -283,6 +286,37 @@ def test_caption_conventions_cover_the_real_forms(pool: list[tuple[Image.Image, 
     assert re.search(r"[Aa]sterisks? (in [^ ]+ )?(marks?|denotes?)", joined)
     assert re.search(r"Scale bars?, \d", joined)
     assert "upper" in joined and "lower" in joined
+
+
+def test_last_fragment_keeps_its_notes_until_a_sentence_reads_as_shared() -> None:
+    from p2p.mining.synth.captions import _last_fragment_pieces
+
+    head = "(D\u2013F) Confocal images."
+    group = ["D", "E", "F"]
+    labels = ["A", "B", "C", *group]
+    after = [
+        ("Scale bars, 1 mm (D) and 5 µm (E, F).", group, "bar"),
+        ("Arrows indicate puncta.", None, "marker"),
+        ("Arrows in E mark nuclei.", ["E"], "trailing"),  # the same text as a note: the group's
+        ("Data are mean.", None, "trailing"),
+        ("Stars in F mark cysts.", ["F"], "trailing"),
+    ]
+    own = f"{head} Scale bars, 1 mm (D) and 5 µm (E, F). Arrows indicate puncta. Arrows in E mark nuclei."
+    assert _last_fragment_pieces(head, after, group, labels) == [
+        (own, group),
+        ("Data are mean.", labels),
+        ("Stars in F mark cysts.", ["F"]),
+    ]
+    # A sentence naming another panel starts the shared part.
+    outside = [
+        ("Arrows in A and E mark nuclei.", ["A", "E"], "trailing"),
+        ("Stars in E mark cysts.", ["E"], "trailing"),
+    ]
+    assert _last_fragment_pieces(head, outside, group, labels) == [
+        (head, group),
+        ("Arrows in A and E mark nuclei.", ["A", "E"]),
+        ("Stars in E mark cysts.", ["E"]),
+    ]
 
 
 # -- rescaling and JPEG --------------------------------------------------------------------------

@@ -11,6 +11,16 @@ Conventions (those of /work/shared/data/real-figures/annotations.json):
 * Shared trailing sentences (after the last fragment) are separate pieces: one that names panels
   ("Scale bars, 50 µm (A, B) and 20 µm (C).", "Arrows in B and D ...") goes to each panel it names,
   one that names none goes to every labelled panel.
+* The last fragment's own notes and the trailing sentences can look alike ("(D-F) ... Arrows in E
+  mark X." is the same text whether the sentence was written as the fragment's note or after it),
+  so where the last fragment ends follows the text: a sentence after it that names only panels of
+  the last fragment, with no sentence before it naming another panel or none, stays with the last
+  fragment (all its panels) like the fragment's own notes. The first sentence naming another panel
+  ("Arrows in A and E ...") or naming none ("Scale bars, 1 mm.", "Data are ...") starts the shared
+  part: from there each sentence goes to the panels it names, or to every labelled panel.
+  The fragment's own unnamed notes ("Scale bar, 1 cm.", "Arrows indicate X.") stay its own: which
+  panels a marker note is about the caption leaves open and the image settles (the panels that
+  show such markers; the trailing marker sentences always name their panels).
 * ``subcaptions[label]`` is the label's pieces joined by one space; every piece is a substring of the
   caption.
 """
@@ -338,6 +348,9 @@ def build_caption(
     mentioned: set[tuple[int, str]] = set()
     frag_texts: list[str] = []
     frag_meta: list[dict[str, Any]] = []
+    frag_sentences: list[list[str]] = []  # each fragment's sentences, the first with its token
+    # The panels each of them names (None: none) and its kind ("description", "bar", "marker").
+    frag_names: list[list[tuple[list[str] | None, str]]] = []
     for frag in fragments:
         labs = [panels[i].label or "" for i in frag]
         tok = _token(labs, sequence, fmt, rng)
@@ -368,6 +381,7 @@ def build_caption(
         else:
             desc = _panel_desc(rng, first) + _group_phrase(rng, first.group)
         sentences = [desc]
+        names: list[tuple[list[str] | None, str]] = [(labs, "description")]
         if bar_mode == "inline":
             bars = [(panels[i].scale_bar, panels[i].label) for i in frag if panels[i].scale_bar]
             if bars:
@@ -376,15 +390,26 @@ def build_caption(
                     sentences[0] += f"; scale {'bars' if len(bars) > 1 else 'bar'}, {values[0]}"
                 elif len(values) == 1:
                     sentences.append(f"Scale {'bars' if len(bars) > 1 else 'bar'}, {values[0]}")
+                    names.append((None, "bar"))
                 else:
                     sentences.append("Scale bars, " + _valued_refs(bars, rng, sequence))
+                    names.append(([lab or "" for _, lab in bars], "bar"))
         if marker_mode == "inline":
-            sentences += _fragment_marker_sentences(rng, panels, frag, phrases, sequence, mentioned)
+            for sentence, named in _fragment_marker_sentences(
+                rng, panels, frag, phrases, sequence, mentioned
+            ):
+                sentences.append(sentence)
+                names.append((named, "marker"))
         text = ". ".join(s.rstrip(".") for s in sentences) + "."
         frag_texts.append(f"{tok} {text}")
         frag_meta.append({"token": tok, "labels": labs})
+        frag_sentences.append(
+            [(f"{tok} " if k == 0 else "") + s.rstrip(".") + "." for k, s in enumerate(sentences)]
+        )
+        frag_names.append(names)
 
     trailing: list[tuple[str, list[str]]] = []
+    unnamed: set[str] = set()  # trailing sentences that name no panel (for every panel)
     all_labels = [panels[i].label or "" for i in order]
     if bar_mode == "trailing":
         bars = [(panels[i].scale_bar, panels[i].label) for i in order if panels[i].scale_bar]
@@ -393,6 +418,7 @@ def build_caption(
             named = [lab or "" for _, lab in bars]
             if len(values) == 1 and len(bars) == len(order):
                 trailing.append((f"Scale {'bars' if len(bars) > 1 else 'bar'}, {values[0]}.", all_labels))
+                unnamed.add(trailing[-1][0])
             elif len(values) == 1:
                 refs = _join_refs(named, rng, sequence)
                 trailing.append((f"Scale {'bars' if len(bars) > 1 else 'bar'}, {values[0]} ({refs}).", named))
@@ -433,6 +459,7 @@ def build_caption(
         )
         if len(plots) == len(order):
             trailing.append((f"Data are {stat}.", all_labels))
+            unnamed.add(trailing[-1][0])
         else:
             trailing.append((f"Data in {_join_refs(plots, rng, sequence)} are {stat}.", plots))
 
@@ -441,10 +468,14 @@ def build_caption(
     pieces: dict[str, list[str]] = {"preamble": [pre] if pre else []}
     for lab in all_labels:
         pieces[lab] = []
-    for frag, text in zip(fragments, frag_texts, strict=True):
+    for frag, text in zip(fragments[:-1], frag_texts[:-1], strict=True):
         for i in frag:
             pieces[panels[i].label or ""].append(text)
-    for text, labs in trailing:
+    after_last = [(text, *named) for text, named in zip(frag_sentences[-1], frag_names[-1], strict=True)][1:]
+    after_last += [(text, None if text in unnamed else labs, "trailing") for text, labs in trailing]
+    group = [panels[i].label or "" for i in fragments[-1]]
+    head = frag_sentences[-1][0]
+    for text, labs in _last_fragment_pieces(head, after_last, group, all_labels):
         for lab in labs:
             if text not in pieces[lab]:
                 pieces[lab].append(text)
@@ -462,6 +493,36 @@ def build_caption(
         trailing=[{"text": t, "labels": labs} for t, labs in trailing],
         token_format=fmt,
     )
+
+
+def _last_fragment_pieces(
+    head: str,
+    after: list[tuple[str, list[str] | None, str]],
+    group: list[str],
+    all_labels: list[str],
+) -> list[tuple[str, list[str]]]:
+    """Who gets the sentences after the last fragment's first one (the rule of the docstring).
+
+    ``head``: the fragment's first sentence, token included; ``after``: (sentence, panels it names
+    or None, kind: "bar" / "marker" written in the fragment, "trailing" after it) in caption order.
+    Returns (piece, labels) in caption order, the group's own text first.
+    """
+    own = [head]
+    out: list[tuple[str, list[str]]] = []
+    shared = False
+    for text, names, kind in after:
+        if not shared:
+            if names is not None and set(names) <= set(group):
+                own.append(text)  # "(C, D) ... Arrows in C ...": the group's own note
+                continue
+            if names is None and kind != "trailing":
+                # "Scale bar, 1 cm."; "Arrows indicate X.": the caption leaves open which panels
+                # such a marker note is about, the image settles it (the panels that show them).
+                own.append(text)
+                continue
+            shared = True
+        out.append((text, names if names is not None else all_labels))
+    return [(" ".join(own), group), *out]
 
 
 def _decap(text: str) -> str:
@@ -505,7 +566,8 @@ def _fragment_marker_sentences(
     phrases: dict[tuple[int, str], str],
     seq: list[str],
     mentioned: set[tuple[int, str]],
-) -> list[str]:
+) -> list[tuple[str, list[str] | None]]:
+    """The fragment's marker sentences, each with the panels it names (None: names none)."""
     kinds: dict[tuple[str, str], list[int]] = {}
     for i in frag:
         for m in panels[i].markers:
@@ -516,14 +578,14 @@ def _fragment_marker_sentences(
     for (kind, phrase), idxs in kinds.items():
         if rng.random() < 0.1:  # some glyphs go unmentioned, as in real captions
             continue
-        refs = None if len(idxs) == len(frag) else _join_refs([panels[i].label or "" for i in idxs], rng, seq)
+        named = None if len(idxs) == len(frag) else [panels[i].label or "" for i in idxs]
+        refs = None if named is None else _join_refs(named, rng, seq)
         count = sum(m.count for i in idxs for m in panels[i].markers if m.kind == kind)
         colours = {m.colour for i in idxs for m in panels[i].markers if m.kind == kind}
         dashed = all(m.dashed for i in idxs for m in panels[i].markers if m.kind == kind)
-        out.append(
-            _marker_sentence(
-                rng, kind, count, phrase, refs, colours.pop() if len(colours) == 1 else None, dashed
-            )
+        sentence = _marker_sentence(
+            rng, kind, count, phrase, refs, colours.pop() if len(colours) == 1 else None, dashed
         )
+        out.append((sentence, named))
         mentioned.update((i, kind) for i in idxs)
     return out
