@@ -719,3 +719,34 @@ def test_dark_images_along_the_figure_edges_do_not_make_a_dark_canvas() -> None:
     assert mask[:140].mean() < 0.2 or mask[:140].mean() > 0.8  # either way a clear reading
     assert mask[0, 0]
     assert_matches(segment_panels(image), [(0.0, 0.0, 400.0, 140.0), (0.0, 152.0, 400.0, 300.0)], 0.9)
+
+
+def _unlabelled_strip_figure(sub_gap: int) -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
+    """No labels: three images 12 px apart in a row, the last a strip of two sub-images
+    ``sub_gap`` px apart, and two images below."""
+    rng = np.random.default_rng(28)
+    image = canvas(700, 430)
+    truth = []
+    for k, x in enumerate((10, 242)):
+        image[10:210, x : x + 220] = texture(rng, 220, 200, (150, 100)[k])
+        truth.append((float(x), 10.0, float(x + 220), 210.0))
+    half = (220 - sub_gap) // 2
+    image[10:210, 474 : 474 + half] = texture(rng, half, 200, 120)
+    image[10:210, 694 - half : 694] = texture(rng, half, 200, 80)
+    truth.append((474.0, 10.0, 694.0, 210.0))
+    for k, x in enumerate((10, 357)):
+        image[222:420, x : x + 335] = texture(rng, 335, 198, (90, 140)[k])
+        truth.append((float(x), 222.0, float(x + 335), 420.0))
+    return image, truth
+
+
+def test_sub_images_closer_than_the_gutters_are_one_panel_in_an_unlabelled_figure() -> None:
+    image, truth = _unlabelled_strip_figure(3)
+    assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_images_as_far_apart_as_the_gutters_stay_apart_in_an_unlabelled_figure() -> None:
+    image, truth = _unlabelled_strip_figure(12)
+    half = (220 - 12) // 2
+    truth = [*truth[:2], (474.0, 10.0, 474.0 + half, 210.0), (694.0 - half, 10.0, 694.0, 210.0), *truth[3:]]
+    assert_matches(segment_panels(image), truth, 0.9)

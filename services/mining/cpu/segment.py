@@ -3,8 +3,9 @@
 ``segment_panels`` turns a figure into tight panel boxes:
 
 1. ink mask (darkest channel below near-white; figures on a flat dark canvas the other way
-   round, unless a light gutter runs right across them), a frame drawn around the whole figure and JPEG specks removed, and a text unit ``u``
-   (median glyph height) that scales every threshold below;
+   round, unless a light gutter runs right across them), a frame drawn around the whole figure
+   and JPEG specks removed, and a text unit ``u`` (median glyph height) that scales every
+   threshold below;
 2. panel-label glyphs are guessed from connected components alone (small groups of at most four
    glyphs with nothing to their left or above, circled labels included) and taken out of the
    content, so boxes never swallow them;
@@ -33,7 +34,8 @@
    lies before a labelled image (on its label's sides: left of or above it with labels at the
    top left, left of or below it at the bottom left, and so on); unlabelled drawing pieces join
    a labelled drawing nearby; without labels only a much smaller part (legend, colour bar)
-   beside a neighbour joins it; a merge may not swallow a panel it could not have merged with;
+   beside a neighbour joins it, and so do images in line closer than the figure's gutters (the
+   sub-images of one panel); a merge may not swallow a panel it could not have merged with;
 7. boxes are tightened to the ink; an unlabelled panel loses a label-sized glyph group standing at
    its top-left corner above the rest (the label of a table or diagram); clusters without
    panel-sized content (stray text, caption strips) are dropped; a figure that is one panel
@@ -918,6 +920,48 @@ def _facing(a: list[int], b: list[int]) -> bool:
     return True
 
 
+def _side_gap(a: list[int] | IntBox, b: list[int] | IntBox, tol: float) -> float | None:
+    """The gap between two boxes side by side (or one above the other) whose facing sides span
+    the same stretch (within ``tol``): two images of one row of a strip. None otherwise."""
+    if abs(a[1] - b[1]) <= tol and abs(a[3] - b[3]) <= tol:
+        gap = max(a[0], b[0]) - min(a[2], b[2])
+    elif abs(a[0] - b[0]) <= tol and abs(a[2] - b[2]) <= tol:
+        gap = max(a[1], b[1]) - min(a[3], b[3])
+    else:
+        return None
+    return float(gap) if gap >= 0 else None
+
+
+def _sub_image_gap(boxes: list[list[int]], u: float) -> float:
+    """In a figure without labels, the gap below which two aligned images are one panel's
+    sub-images: clearly narrower than the figure's gutters between panels (a group printed
+    with its own narrow gaps). -1 when the figure shows no such two kinds of gap."""
+    tol = max(2.0, 0.25 * u)
+    gaps = []
+    for a, b in itertools.combinations(boxes, 2):
+        g = _side_gap(a, b, tol)
+        if g is None or g > 8.0 * u:
+            continue
+        # neighbours: nothing else lies in the gap between them
+        if a[2] <= b[0] or b[2] <= a[0]:  # side by side
+            between = (min(a[2], b[2]), max(a[1], b[1]), max(a[0], b[0]), min(a[3], b[3]))
+        else:
+            between = (max(a[0], b[0]), min(a[3], b[3]), min(a[2], b[2]), max(a[1], b[1]))
+        if g > 0 and any(c is not a and c is not b and _overlaps(c, between) for c in boxes):
+            continue
+        gaps.append(g)
+    if len(gaps) < 2:
+        return -1.0
+    narrow = min(gaps)
+    wide = [g for g in gaps if g >= narrow + 3.0]
+    if not wide:
+        return -1.0
+    # the panels' gutter: the narrowest of the wider gaps (gaps between image edges only grow
+    # where an image fades into the background)
+    typical = min(wide)
+    return min(0.6 * typical, typical - 3.0)
+
+
 def _cluster(
     parts: list[IntBox],
     major: list[bool],
@@ -944,6 +988,7 @@ def _cluster(
     small_gap = 2.0 * u  # a much smaller part (legend, colour bar) joins a neighbour
 
     boxes = np.array([c.box for c in clusters], dtype=np.float64)
+    sub_limit = -1.0 if has_labels else _sub_image_gap([c.box for c in clusters if c.dense], u)
 
     def gaps_to(i: int) -> np.ndarray:
         b = boxes[i]
@@ -977,6 +1022,11 @@ def _cluster(
         small, large = sorted((a.largest, b.largest))
         if small < 0.3 * large and small < 0.05 * fig_area and _facing(a.box, b.box):
             return small_gap
+        if a.dense and b.dense and sub_limit >= 0:
+            # sub-images of one unlabelled panel: aligned, and closer than the panels' gutters
+            side = _side_gap(a.box, b.box, max(2.0, 0.25 * u))
+            if side is not None and side <= sub_limit:
+                return sub_limit
         if has_labels:
             if a.dense or b.dense:
                 # images (nearly) touching are sub-images of one panel, under its label or under
