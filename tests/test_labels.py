@@ -502,3 +502,33 @@ def test_clear_reading_of_another_kind_is_no_label() -> None:
     # readings that form no series (ranks all off): the letters stay, the number goes
     dets = [at(0, "C"), at(1, "30"), at(2, "A"), at(4, "B")]
     assert assign_labels(panels, dets) == ["C", None, "A", None, "B"]
+
+
+def test_roman_series_among_specks_read_inside_panels() -> None:
+    """Small numerals: a lone "i" and "v" read clearly (letters or numerals: a tie), "ii" and
+    "iii" read weakly (they settle the tie), clear specks "4" and "3" inside panels outnumbering
+    nothing but the misses: the readings exactly at their ranks confirm the series."""
+    boxes = [(20 + 120 * k, 20, 120 + 120 * k, 120) for k in range(7)]
+    panels = [panel(b) for b in boxes]
+
+    def at(k: int, text: str, confidence: float = 0.9) -> LabelDetection:
+        return detection(text, (boxes[k][0] - 14, 2, boxes[k][0] - 2, 16), confidence)
+
+    dets = [at(0, "i"), at(1, "ii", 0.3), at(2, "iii", 0.3), at(4, "v"), at(5, "4"), at(6, "3")]
+    assert assign_labels(panels, dets) == ["i", "ii", "iii", "iv", "v", "vi", "vii"]
+    # upper-case V and X vote for numerals as well
+    dets[3] = at(4, "V")
+    assert assign_labels(panels, dets) == ["i", "ii", "iii", "iv", "v", "vi", "vii"]
+
+
+def test_readings_exactly_at_their_ranks_outweigh_confusions_in_choosing_the_order() -> None:
+    """Numerals labelled column by column: "i", "ii", "iii" down the first column are exactly the
+    column order's labels; the row order explains as many readings only as confusions ("1" for
+    "iii", "V" for "vi"), which count half."""
+    from p2p.mining.cpu.labels import _repair_sequence
+
+    orders = [[0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 6, 2, 3, 7, 4, 5, 8]]
+    texts = {0: "i", 6: "iii", 3: "V", 2: "1", 1: "ii", 8: "X", 5: "V", 7: "I", 4: "i"}
+    confidence = {0: 0.85, 6: 0.45, 3: 0.85, 2: 0.09, 1: 0.4, 8: 0.7, 5: 0.19, 7: 0.25, 4: 0.53}
+    got = _repair_sequence(orders, texts, confidence)
+    assert got == {0: "i", 1: "ii", 6: "iii", 2: "iv", 3: "v", 8: "ix"}

@@ -980,13 +980,19 @@ def assign_labels(panels: Sequence[PanelCandidate], labels: Sequence[LabelDetect
 
 
 def _main_style(texts: dict[int, str], strong: set[int]) -> str:
-    voters = [t for pi, t in texts.items() if pi in strong] or list(texts.values())
-    counts: dict[str, int] = {}
-    for t in voters:
-        # a lone i, v or x may be a letter or a roman numeral: it votes for both
-        for s in {_style(t), *(["roman"] if t in ("i", "v", "x") else [])}:
-            counts[s] = counts.get(s, 0) + 1
-    return max(counts, key=lambda s: (counts[s], s != "other", s != "roman"))
+    def votes(voters: list[str]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for t in voters:
+            # a lone i, v or x (either case) may be a letter or a roman numeral: it votes for both
+            for s in {_style(t), *(["roman"] if t in "ivxIVX" and len(t) == 1 else [])}:
+                counts[s] = counts.get(s, 0) + 1
+        return counts
+
+    counts = votes([t for pi, t in texts.items() if pi in strong] or list(texts.values()))
+    # ties between the clear readings' styles (lone "i"s: letters or numerals) go to the style
+    # most of all readings share ("ii" and "iii" read weakly)
+    everyone = votes(list(texts.values()))
+    return max(counts, key=lambda s: (counts[s], everyone.get(s, 0), s != "other", s != "roman"))
 
 
 def _best_order(
@@ -1005,8 +1011,10 @@ def _best_order(
             for pi, text in texts.items():
                 index = positions[pi] + offset
                 if 0 <= index < len(series) and _fits(series[index], text):
-                    fit += 1 + int(pi in strong)
-                    exact += int(series[index] == text)
+                    # a reading that is the label counts twice what a confusion of it does
+                    same = series[index] == text
+                    fit += (1 + int(pi in strong)) * (1 + int(same))
+                    exact += int(same)
             if (fit, exact) > best:
                 best_order, best_offset, best = order, offset, (fit, exact)
     return best_order, best_offset, main
@@ -1031,7 +1039,14 @@ def _repair_sequence(
         for pi, text in texts.items()
         if 0 <= positions[pi] + best_offset < len(series) and _fits(series[positions[pi] + best_offset], text)
     }
-    consistent = bool(series) and len(fitting) >= 2 and len(fitting) >= 0.6 * len(texts)
+    # readings that are exactly the labels of their ranks confirm the series even when specks
+    # read inside the panels (tick values, texture) outnumber them
+    exact = [pi for pi in fitting if series[positions[pi] + best_offset] == texts[pi]]
+    consistent = (
+        bool(series)
+        and len(fitting) >= 2
+        and (len(fitting) >= 0.6 * len(texts) or len(exact) >= max(3, 0.5 * len(strong)))
+    )
     fixed: dict[int, str] = {}
     if not consistent:
         # no series to fill from, but the figure's labels share a kind: a clear reading of
@@ -1041,8 +1056,8 @@ def _repair_sequence(
         for pi, text in strong.items():
             if one_kind and not _in_style(text, main):
                 continue
-            fits = [o for o in _options(text) if _style(o) == main]
-            fixed[pi] = text if _style(text) == main or not fits else fits[0]
+            fits = [o for o in _options(text) if _of_style(o, main)]
+            fixed[pi] = text if _of_style(text, main) or not fits else fits[0]
         return _dedupe(fixed, confidence)
 
     def expected_at(rank: int) -> str | None:
@@ -1081,11 +1096,16 @@ def _repair_sequence(
             # style when it has one ("c" in an upper-case series whose ranks are off); one in
             # no way of the series' style ("40", "R" among roman numerals) is text beside the
             # label, which is filled as if unread
-            styled = [o for o in _options(reading) if _style(o) == main]
-            fixed[pi] = reading if _style(reading) == main or not styled else styled[0]
+            styled = [o for o in _options(reading) if _of_style(o, main)]
+            fixed[pi] = reading if _of_style(reading, main) or not styled else styled[0]
         elif expected is not None and ((confirmed(rank - 1) and confirmed(rank + 1)) or bracketed(rank)):
             fixed[pi] = expected
     return _dedupe(fixed, confidence)
+
+
+def _of_style(text: str, style: str) -> bool:
+    """Whether a reading is a label of ``style`` as it stands (a lone i, v or x is a numeral too)."""
+    return _style(text) == style or (style == "roman" and text in ("i", "v", "x"))
 
 
 def _family(style: str) -> str:
