@@ -467,6 +467,19 @@ def test_partial_hint_is_completed_from_the_caption() -> None:
     assert one.subcaptions["a"] == "a Western blot of PD-L1."
 
 
+def test_unread_label_between_two_hinted_ones_starts_its_fragment() -> None:
+    # OCR read 1, 2, 3 and 5: "4, ..." written as its neighbours, right between 3 and 5, is a label
+    caption = "Study. 1, Plot of viability. 2, Chart. 3, Overview. 4, Overview. 5, Confocal image."
+    split = split_caption(caption, labels=["1", "2", "3", "5"])
+    assert split.subcaptions["3"] == "3, Overview."
+    assert split.subcaptions["4"] == "4, Overview."
+    # Not right before the next hinted label: text.
+    far = split_caption(
+        "Study. 1, Plot. 2, Chart. 3, Overview. 4, Overview. 5, Image. 6, Map.", ["1", "2", "6"]
+    )
+    assert far.subcaptions["2"] == "2, Chart. 3, Overview. 4, Overview. 5, Image."
+
+
 def test_partial_hint_that_disagrees_with_the_caption_is_kept() -> None:
     # the readings share one label with the caption: too little to trust the caption's reading
     caption = "a Control sample. b Treated sample. c A third sample."

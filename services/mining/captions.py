@@ -763,6 +763,7 @@ def _select(
     splits: list[_Split] = []
     covered: set[Key] = set()
     last: Key | None = None
+    last_form = ""
     system: int | None = None
     upper: bool | None = None
     groups: list[_Split] = []
@@ -785,7 +786,13 @@ def _select(
         if letters and upper is not None and letters[0][:1].isupper() != upper:
             continue
         in_hint = hint is not None and bool(hint.keys) and all(k in hint.keys for k in keys)
-        if hint is not None and hint.keys and cand.form != "paren" and not in_hint:
+        if (
+            hint is not None
+            and hint.keys
+            and cand.form != "paren"
+            and not in_hint
+            and not _unread_in_run(cand, keys, last, last_form, hint, covered)
+        ):
             continue
         if system is None and keys[0][0] == 2 and not in_hint and cand.form != "paren" and keys[0][2] == 0:
             continue  # bare numbers start sentences too often (a figure number and letter do not)
@@ -853,6 +860,7 @@ def _select(
             upper = letters[0][:1].isupper()
         covered.update(keys)
         last = max(keys)
+        last_form = cand.form
         end = cand.end
         if is_post:
             # "... glands (v) (black arrows), with ...": the note after the label is the panel's.
@@ -864,6 +872,26 @@ def _select(
         if len(keys) > 1:
             groups.append(split)
     return splits
+
+
+def _unread_in_run(
+    cand: _Candidate, keys: list[Key], last: Key | None, last_form: str, hint: _Hint, covered: set[Key]
+) -> bool:
+    """A bare label the hint lacks that is one all the same: "4, Overview. 5, Overview. 6, ..."
+    read as 4 and 6 (OCR missed 5): right after the last label and right before the next hinted
+    one, at a sentence start and written as the label before it."""
+    if len(keys) != 1 or last is None or keys[0][0] != last[0] or last_form != cand.form:
+        return False
+    if cand.boundary != "sentence" or cand.follower != "text":
+        return False
+    key = keys[0]
+    universe = _base_universe(key[0])
+    after = [k for k in hint.keys if k[0] == key[0] and k > key]
+    return (
+        bool(after)
+        and _gap(key, last, covered, universe) == 0
+        and _gap(min(after), key, covered | {key}, universe) == 0
+    )
 
 
 def _select_positions(cands: list[_Candidate], post_mode: bool) -> list[_Split]:
