@@ -11,7 +11,14 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from p2p.mining.cpu.eval_panels import error_kind, evaluate
-from p2p.mining.cpu.segment import _label_at_spot, corner_glyphs, ink_mask, rejected_guesses, segment_panels
+from p2p.mining.cpu.segment import (
+    _anchor_labels,
+    _label_at_spot,
+    corner_glyphs,
+    ink_mask,
+    rejected_guesses,
+    segment_panels,
+)
 from p2p.mining.cpu.xycut import naive_xycut
 from p2p.mining.types import LabelDetection
 from p2p.shared import geometry
@@ -750,3 +757,20 @@ def test_images_as_far_apart_as_the_gutters_stay_apart_in_an_unlabelled_figure()
     half = (220 - 12) // 2
     truth = [*truth[:2], (474.0, 10.0, 474.0 + half, 210.0), (694.0 - half, 10.0, 694.0, 210.0), *truth[3:]]
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_dots_trimmed_off_an_image_are_no_labels_and_do_not_set_the_label_size() -> None:
+    """The dots of "iii" printed under an image touch it and are trimmed off as label guesses;
+    3 px tall, they head no panel, so the labels "iv" and "v" (20 px) keep their panels."""
+    parts = [(0, 0, 400, 180), (30, 230, 400, 400), (450, 230, 800, 400)]
+    candidates = [
+        (1, 181, 5, 184),
+        (11, 181, 14, 184),
+        (21, 181, 24, 184),
+        (0, 205, 25, 225),
+        (450, 205, 470, 225),
+    ]
+    stats = np.zeros((1, 5), dtype=np.int32)
+    accepted, anchors = _anchor_labels(candidates, parts, [True, True, True], stats, 8.0, trust=False)
+    assert accepted == [(0, 205, 25, 225), (450, 205, 470, 225)]
+    assert anchors == [-1, 0, 1]

@@ -1794,6 +1794,8 @@ def _anchor_labels(
     for box in candidates:
         x1, y1, x2, y2 = box
         gh = y2 - y1
+        if not trust and gh < max(5.0, 0.5 * u):
+            continue  # a dot or a speck (the dot of an "i" trimmed off the image below it)
         if not trust and _in_series(box, stats, u):
             continue  # a y-axis tick label: same-size glyphs right-aligned above or below it
         best, best_cost = -1, math.inf
