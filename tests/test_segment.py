@@ -10,15 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from p2p.mining.cpu import segment
 from p2p.mining.cpu.eval_panels import error_kind, evaluate
-from p2p.mining.cpu.segment import (
-    _anchor_labels,
-    _label_at_spot,
-    corner_glyphs,
-    ink_mask,
-    rejected_guesses,
-    segment_panels,
-)
+from p2p.mining.cpu.segment import corner_glyphs, ink_mask, rejected_guesses, segment_panels
 from p2p.mining.cpu.xycut import naive_xycut
 from p2p.mining.types import LabelDetection
 from p2p.shared import geometry
@@ -702,13 +696,13 @@ def test_a_label_missed_by_the_corner_search_is_found_where_the_others_sit() -> 
     found = [corner_glyphs(gray, part, 8.0, ("tl",), otsu=False) for part in parts]
     assert all(found[:3]) and not found[3]  # the streak beside "D" hides it from the search
     labelled = [(part, glyphs[0]) for part, glyphs in zip(parts[:3], found[:3], strict=True)]
-    assert _label_at_spot(gray, parts[3], labelled, "tl")
+    assert segment._label_at_spot(gray, parts[3], labelled, "tl")
     # the same image with its label printed elsewhere, or a figure whose labels sit elsewhere
     shifted = [(part[0] + 40, part[1], part[2], part[3]) for part in parts]
-    assert not _label_at_spot(gray, shifted[3], labelled, "tl")
-    assert not _label_at_spot(gray, parts[3], labelled, "bl")
+    assert not segment._label_at_spot(gray, shifted[3], labelled, "tl")
+    assert not segment._label_at_spot(gray, parts[3], labelled, "bl")
     # two labels are too few to say where labels sit
-    assert not _label_at_spot(gray, parts[3], labelled[:1], "tl")
+    assert not segment._label_at_spot(gray, parts[3], labelled[:1], "tl")
 
 
 def test_dark_images_along_the_figure_edges_do_not_make_a_dark_canvas() -> None:
@@ -771,6 +765,6 @@ def test_dots_trimmed_off_an_image_are_no_labels_and_do_not_set_the_label_size()
         (450, 205, 470, 225),
     ]
     stats = np.zeros((1, 5), dtype=np.int32)
-    accepted, anchors = _anchor_labels(candidates, parts, [True, True, True], stats, 8.0, trust=False)
+    accepted, anchors = segment._anchor_labels(candidates, parts, [True, True, True], stats, 8.0, trust=False)
     assert accepted == [(0, 205, 25, 225), (450, 205, 470, 225)]
     assert anchors == [-1, 0, 1]
