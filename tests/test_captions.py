@@ -473,11 +473,22 @@ def test_unread_label_between_two_hinted_ones_starts_its_fragment() -> None:
     split = split_caption(caption, labels=["1", "2", "3", "5"])
     assert split.subcaptions["3"] == "3, Overview."
     assert split.subcaptions["4"] == "4, Overview."
-    # Not right before the next hinted label: text.
-    far = split_caption(
-        "Study. 1, Plot. 2, Chart. 3, Overview. 4, Overview. 5, Image. 6, Map.", ["1", "2", "6"]
+    # Written unlike its neighbours: text.
+    caption = "Study. 1, Plot. 2, Chart. 3 Overview. 4 Overview. 5 Image. 6, Map."
+    assert (
+        split_caption(caption, ["1", "2", "6"]).subcaptions["2"]
+        == "2, Chart. 3 Overview. 4 Overview. 5 Image."
     )
-    assert far.subcaptions["2"] == "2, Chart. 3, Overview. 4, Overview. 5, Image."
+
+
+def test_bare_numbers_counting_the_panels_and_a_roman_range_are_read_without_a_hint() -> None:
+    numbers = split_caption("Study. 1, 2, CT images. Arrows in 2 mark it. 3, Plot of volume. 4, Map.")
+    assert numbers.labels_in_order == ["1", "2", "3", "4"]
+    assert numbers.subcaptions["3"] == "3, Plot of volume."
+    # Not counting from 1: sentences that start with numbers.
+    assert split_caption("Mice were followed. 2, 3 or 4 weeks later, 5, 6 mice died.").labels_in_order == []
+    roman = split_caption("Colon. (i\u2013v) Confocal images; upper row, control; lower row, treated.")
+    assert roman.labels_in_order == ["i", "ii", "iii", "iv", "v"]
 
 
 def test_partial_hint_that_disagrees_with_the_caption_is_kept() -> None:

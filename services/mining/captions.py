@@ -728,7 +728,16 @@ def _decide_roman(cands: list[_Candidate], hint: _Hint | None) -> bool:
         if c.form == "paren" or c.boundary == "sentence":
             tokens.update(t.lower() for t in _TOKEN_RE.findall(c.expr))
     multi = {t for t in tokens if len(t) > 1 and t in _ROMAN_VALUE}
-    return "i" in tokens and bool(multi & {"ii", "iii", "iv"}) and not tokens & {"b", "c", "d"}
+    if tokens & {"b", "c", "d"}:
+        return False
+    # "(i-v) Confocal images ...": a range from i is counted in roman numerals.
+    from_i = any(
+        _ROMAN_RANGE_RE.match(c.expr) for c in cands if c.form == "paren" or c.boundary == "sentence"
+    )
+    return "i" in tokens and (bool(multi & {"ii", "iii", "iv"}) or from_i)
+
+
+_ROMAN_RANGE_RE = re.compile(r"\s*i\s*" + _DASH + r"\s*(?:ii|iii|iv|v|vi|vii|viii|ix|x)\s*$", re.IGNORECASE)
 
 
 def _gap(key: Key, last: Key | None, covered: set[Key], universe: list[Key]) -> int:
@@ -769,6 +778,7 @@ def _select(
     groups: list[_Split] = []
     refined: set[Key] = set()
     hint_max: Key | None = max(hint.keys) if hint is not None and hint.keys else None
+    number_run = _bare_number_run(cands)
     for cand in cands:
         if cand.blocked or (cand.after_number and not post_mode):
             continue
@@ -794,7 +804,14 @@ def _select(
             and not _unread_in_run(cand, keys, last, last_form, hint, covered)
         ):
             continue
-        if system is None and keys[0][0] == 2 and not in_hint and cand.form != "paren" and keys[0][2] == 0:
+        if (
+            system is None
+            and keys[0][0] == 2
+            and not in_hint
+            and cand.form != "paren"
+            and keys[0][2] == 0
+            and not number_run
+        ):
             continue  # bare numbers start sentences too often (a figure number and letter do not)
         leading = (
             cand.boundary in ("sentence", "comma") and cand.follower == "text" and cand.form != "position"
@@ -872,6 +889,27 @@ def _select(
         if len(keys) > 1:
             groups.append(split)
     return splits
+
+
+def _bare_number_run(cands: list[_Candidate]) -> bool:
+    """Bare numbers that count the panels from 1 at sentence starts ("1, Overview. 2, Plot of
+    ...", "1, 2, IHC images ... 3, ..."), written alike: labels, not numbers starting sentences."""
+    numbers: list[int] = []
+    forms: set[str] = set()
+    for c in cands:
+        if (
+            c.blocked
+            or c.after_number
+            or c.form == "paren"
+            or c.boundary != "sentence"
+            or c.follower != "text"
+        ):
+            continue
+        keys = [k for _, k in _expand(c.expr, False)]
+        if keys and all(k[0] == 2 and k[2] == 0 for k in keys):
+            numbers.extend(k[1] for k in keys)
+            forms.add(c.form)
+    return len(forms) == 1 and len(numbers) >= 2 and numbers == list(range(1, len(numbers) + 1))
 
 
 def _unread_in_run(
