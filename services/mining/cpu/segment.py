@@ -15,7 +15,8 @@
    panel-sized sides, or a near-blank line between two image edges, as left by 1-2 px gutters
    with JPEG specks), then, of the two axes, the colour step present along more of its line that
    stands out from the texture beside it and is not one of many parallel ones (stripes,
-   fringes), then a change of texture;
+   fringes), then a change of texture; a piece cut off beside an image leaves behind the 1-2
+   px of that image's blurred edge it kept;
 4. labels printed against an image's edge (fused to it across a 0-2 px gutter) are trimmed off
    it as label guesses (joining the guess beside them on their line: the "g" of "(g)" between
    its parentheses), and a guess reaching into an image ends at its edge; each label marks one
@@ -881,12 +882,32 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
         else:
             left, right = (x1, y1, x2, y1 + offset), (x1, y1 + offset, x2, y2)
         out: list[IntBox] = []
-        for piece in (left, right):
+        for piece in (_without_sliver(mask, left, axis, True), _without_sliver(mask, right, axis, False)):
             tight = _tight(mask, piece)
             if tight is not None:
                 out.extend(_split_dense(mask, edges, tight, u, depth + 1))
         return out
     return [box]
+
+
+def _without_sliver(mask: np.ndarray, box: IntBox, axis: int, before: bool) -> IntBox:
+    """A piece cut off along a seam (``before``: the piece before the cut) without the 1-2 px
+    of the image across the seam it may have kept (the colour step spans two pixels, JPEG
+    blurs it): full lines of ink at the cut beside lines of mostly background. Left in, the
+    sliver crosses the gutters of the piece, and no blank line is found along them."""
+    x1, y1, x2, y2 = box
+    if x2 - x1 < 8 or y2 - y1 < 8:
+        return box
+    ink = mask[y1:y2, x1:x2].mean(axis=axis)  # per line parallel to the cut
+    order = ink[::-1] if before else ink
+    strip = 0
+    while strip < 2 and order[strip] >= 0.9 and float(order[strip + 1 : strip + 4].max()) <= 0.5:
+        strip += 1
+    if strip == 0:
+        return box
+    if axis == 0:
+        return (x1, y1, x2 - strip, y2) if before else (x1 + strip, y1, x2, y2)
+    return (x1, y1, x2, y2 - strip) if before else (x1, y1 + strip, x2, y2)
 
 
 # --------------------------------------------------------------------------------------------
