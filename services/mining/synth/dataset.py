@@ -44,7 +44,9 @@ NOTES = {
     "subcaptions": (
         "Real-set convention: verbatim caption pieces, label tokens kept; a fragment naming several "
         "panels goes to each; shared trailing sentences are separate pieces given to each panel they "
-        "name, or to every labelled panel when they name none. preamble = text before the first label."
+        "name, or to every labelled panel when they name none. Where the last fragment ends follows "
+        "the text: sentences after it naming only its panels stay with it (all its panels) until one "
+        "names another panel or none. preamble = text before the first label."
     ),
     "synth": (
         "How the figure was made (seed, options, layout, label style, sources, scale bars, text "
