@@ -786,3 +786,24 @@ def test_a_sliver_of_the_image_beyond_a_seam_is_left_off_the_piece() -> None:
     rows[20:60, 10:90] = True  # a plot
     rows[141:] = True  # the image below the seam, its edge at row 141
     assert segment._without_sliver(rows, (0, 0, 100, 142), 1, True) == (0, 0, 100, 141)
+
+
+def _table_beside_an_image() -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
+    """Label "C" over a table of text rows, 8 px left of an image labelled "D": no row of the
+    table is panel-sized, yet the label heads them all, so the rows do not join the image."""
+    rng = np.random.default_rng(29)
+    image = labelled_canvas(560, 300, [(10, 4, "C"), (220, 4, "D")], 20)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for row in range(12):
+        text = f"Follow-up of group {row + 1} (mo) {12.5 + 3 * row:.1f}"
+        draw.text((12, 36 + 18 * row), text, fill=(0, 0, 0), font=font(13, False))
+    image = np.asarray(pil).copy()
+    image[34:290, 220:550] = texture(rng, 330, 256, 120)
+    table = ink_box(image, (10, 34, 218, 292))
+    return image, [table, (220.0, 34.0, 550.0, 290.0)]
+
+
+def test_a_label_over_a_table_heads_all_its_rows() -> None:
+    image, truth = _table_beside_an_image()
+    assert_matches(segment_panels(image), truth, 0.9)

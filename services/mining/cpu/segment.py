@@ -25,7 +25,8 @@
    is cut into as many images (mirrored for labels at the bottom right of each image); the
    pieces are split again along gutters and seams, which may run the length of one row only;
 5. a label guess is kept when it heads a panel-sized part at its lower right (tick labels in a
-   right-aligned column and text inside panels are not labels); images carrying a label-like glyph
+   right-aligned column and text inside panels are not labels), or, alone on its line, a block of
+   text rows below it (a table: all its rows are headed by it); images carrying a label-like glyph
    in the same corner inside (the commonest corner of the figure) head their own panel too, and
    so does an image showing a glyph of their height just where the others' labels sit in theirs
    (a label the corner search missed beside bright dots, or fused to its circle);
@@ -1812,6 +1813,7 @@ def _anchor_labels(
     """
     anchors = [-1] * len(parts)
     accepted: list[tuple[IntBox, int]] = []
+    blocks: dict[IntBox, list[int]] = {}  # a table's other rows, by the label heading it
     for box in candidates:
         x1, y1, x2, y2 = box
         gh = y2 - y1
@@ -1835,8 +1837,14 @@ def _anchor_labels(
             cost = gap
             if cost < best_cost:
                 best, best_cost = k, cost
+        block: list[int] = []
         if best < 0:
-            continue
+            # a table (rows of text, each too small to be panel-sized) right under the label
+            block = _text_block_under(box, parts, major, u)
+            if not block:
+                continue
+            best = block[0]
+            blocks[box] = block[1:]
         if not trust:
             # a glyph inside some other part (not at its top-left corner) is in-panel text
             inside = False
@@ -1867,6 +1875,53 @@ def _anchor_labels(
     boxes: list[IntBox] = []
     for index, (b, k) in enumerate(accepted):
         boxes.append(b)
-        if anchors[k] < 0:
-            anchors[k] = index
+        for member in [k, *blocks.get(b, [])]:
+            if anchors[member] < 0:
+                anchors[member] = index
     return boxes, anchors
+
+
+def _text_block_under(label: IntBox, parts: list[IntBox], major: list[bool], u: float) -> list[int]:
+    """The parts of a table headed by ``label``: small parts (cells, rows, rules) starting just
+    below it at its left, and those stacked on them or beside them on their lines, when together
+    they make a panel-sized block of several rows (the first index is the top-left part)."""
+    x1, _, _, y2 = label
+    gh = label[3] - label[1]
+    small = [k for k in range(len(parts)) if not major[k]]
+    starts = [
+        k
+        for k in small
+        if y2 - 0.3 * gh <= parts[k][1] <= y2 + 2.5 * gh and abs(parts[k][0] - x1) <= 2.5 * gh
+    ]
+    if not starts:
+        return []
+    first = min(starts, key=lambda k: (parts[k][1], parts[k][0]))
+    members = [first]
+    block = list(parts[first])
+    step = max(1.5 * u, 0.8 * gh)
+    grown = True
+    while grown:
+        grown = False
+        for k in small:
+            if k in members:
+                continue
+            p = parts[k]
+            below = 0 <= p[1] - block[3] <= step and min(p[2], block[2]) - max(p[0], block[0]) > 0
+            beside = (
+                p[1] < block[3] and p[3] > block[1] and max(p[0], block[0]) - min(p[2], block[2]) <= 4.0 * u
+            )
+            inside = p[0] >= block[0] and p[2] <= block[2] and p[1] >= block[1] and p[3] <= block[3]
+            if below or beside or inside:
+                members.append(k)
+                block = [min(block[0], p[0]), min(block[1], p[1]), max(block[2], p[2]), max(block[3], p[3])]
+                grown = True
+    bw, bh = block[2] - block[0], block[3] - block[1]
+    if len(members) < 4 or min(bw, bh) < 4.0 * u or bw * bh < 60.0 * u * u:
+        return []
+    # a label stands alone on its line: a word with more cells beside it is in a table's row
+    ly1, ly2 = label[1], label[3]
+    lx1, lx2 = min(block[0], label[0]) - gh, max(block[2], label[2]) + gh
+    for p in parts:
+        if p[1] < ly2 and p[3] > ly1 and p[0] < lx2 and p[2] > lx1:
+            return []
+    return members
