@@ -392,3 +392,73 @@ def test_black_ovals_on_downscaled_lattice_fringes():
     assert any(
         m.kind in ("circle", "box") and contains_point(m.target_box, x + 0.5, y + 0.5, 8) for m in found
     )
+
+
+def test_small_arrows_of_a_small_jpeg_panel():
+    """On a panel of 200 x 150 px (glyphs drawn at half size, then JPEG) the rules also examine a
+    copy enlarged to about 300 px: arrows of 8-20 px the native scale misses are found there."""
+    from p2p.mining.synth.markers import Painter
+
+    found = total = 0
+    for seed in (3, 5, 14, 18, 19):
+        img = texture(150, 200, seed).copy()
+        painter = Painter(np.random.default_rng(seed), img, [])
+        arrows = [painter.arrow(style=style) for style in ("thin", "line", "open", "block")]
+        _, jpeg = cv2.imencode(".jpg", img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 75])
+        decoded = cv2.imdecode(jpeg, cv2.IMREAD_COLOR)
+        assert decoded is not None
+        fig, box = embed(np.ascontiguousarray(decoded[..., ::-1]))
+        markers = detect_markers(fig, box)
+        margin = 0.03 * math.hypot(200, 150)
+        for arrow in arrows:
+            assert arrow is not None
+            x, y = arrow.target_point[0] + box[0], arrow.target_point[1] + box[1]
+            total += 1
+            found += any(contains_point(m.target_box, x, y, margin) for m in markers)
+    assert total == 20
+    assert found >= 17  # 12 without the enlarged copy
+
+
+def test_enlarged_copy_adds_small_glyphs_only_in_figure_pixels(monkeypatch):
+    """The enlarged copy of a small panel is searched for small glyphs only; its markers are
+    mapped back to figure pixels and not added where the native scale already has a marker on
+    the same glyph."""
+    from p2p.mining.cpu import markers as rules_module
+    from p2p.mining.cpu.markers import _Cand
+
+    native_star = _Cand("star", (10, 10, 20, 20), (14.5, 14.5), 0.9, size=10.0)
+
+    def fake_rules(panel, glyphs_only=False):
+        if panel.w == 150:  # native scale
+            assert not glyphs_only
+            return [native_star]
+        assert (panel.w, panel.h) == (300, 200)  # 150 x 100 enlarged twice
+        assert glyphs_only
+        return [
+            _Cand("arrow", (100, 60, 140, 80), (139.5, 69.5), 0.9, direction=0.0, size=40.0),
+            _Cand("asterisk", (20, 20, 40, 40), (29.5, 29.5), 0.9, size=20.0),  # the native star again
+        ]
+
+    monkeypatch.setattr(rules_module, "_rule_cands", fake_rules)
+    figure = np.full((140, 190, 3), 128, np.uint8)
+    found = detect_markers(figure, (20.0, 20.0, 170.0, 120.0), use_net=False)
+    assert sorted(m.kind for m in found) == ["arrow", "star"]
+    arrow = next(m for m in found if m.kind == "arrow")
+    assert arrow.glyph_box == pytest.approx((70.0, 50.0, 90.0, 60.0))
+    assert arrow.target_point == pytest.approx((89.5, 54.5))
+    star = next(m for m in found if m.kind == "star")
+    assert star.target_point == pytest.approx((34.5, 34.5))
+
+
+def test_glyph_only_pass_reports_no_outlines():
+    """The enlarged copy's pass looks for small glyphs only: a drawn rectangle next to an arrow
+    is found by the full rules, not by that pass."""
+    from p2p.mining.cpu.markers import _Panel, _rule_cands
+
+    def draw(d):
+        draw_arrow(d, (100.0, 120.0), 0.0, 40, COLOURS["yellow"])
+        d.rectangle([180, 60, 280, 160], outline=COLOURS["yellow"], width=2)
+
+    panel = _Panel(panel_image(draw, seed=11))
+    assert {c.kind for c in _rule_cands(panel)} >= {"arrow", "box"}
+    assert {c.kind for c in _rule_cands(panel, glyphs_only=True)} == {"arrow"}

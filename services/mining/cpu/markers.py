@@ -37,6 +37,10 @@ each with a strong core. Then it asks shape questions:
   sub-images). Straight lines leaving an inset's corners lead to its source region, which is
   reported as a ``box`` marker when no drawn box is there already.
 
+A small panel (shorter side under 260 px) is also examined enlarged up to twice, for arrows,
+arrowheads, asterisks and stars of a few pixels that the shape tests cannot resolve at the native
+scale; what only the enlarged copy shows needs the network's support (below).
+
 Text (rows of letter-sized components), scale bars (solid thin bars in the lower part of a panel,
 with their text) and strokes lying along the panel border or an inset frame are not markers.
 
@@ -57,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cv2
 import numpy as np
@@ -92,6 +96,7 @@ class _Cand:
     direction: float | None = None  # degrees, image coordinates (y down), tail -> tip
     size: float = 0.0  # glyph length along its axis, sizes a pointing target
     color: tuple[int, int, int] | None = None
+    enlarged: bool = False  # found only on the enlarged copy of a small panel
 
 
 # ----------------------------------------------------------------------------- panel
@@ -1074,7 +1079,7 @@ def _component_measures(stats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return areas, np.maximum(ws, hs), np.minimum(ws, hs), areas / np.maximum(ws * hs, 1)
 
 
-def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
+def _component_shapes(panel: _Panel, name: str, text: np.ndarray, *, outlines: bool = True) -> list[_Cand]:
     n, labels, stats = panel.components(name)
     if n <= 1:
         return []
@@ -1107,7 +1112,7 @@ def _component_shapes(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]
         spread = math.sqrt(max(0.0, (mu20 - mu02) ** 2 + 4.0 * mu11 * mu11))
         lam1, lam2 = mu20 + mu02 + spread, mu20 + mu02 - spread
         elongated = lam1 > 0 and lam2 <= 0.3 * lam1
-        if small[i] >= 6 and density[i] <= 0.6 and not elongated:
+        if outlines and small[i] >= 6 and density[i] <= 0.6 and not elongated:
             found = _outlines(sub, dashed=False)
             if found:
                 if in_text or (not colour and big[i] < 10):
@@ -1871,22 +1876,21 @@ def _dedupe(cands: list[_Cand]) -> list[_Cand]:
     order = sorted(cands, key=lambda c: -c.score)
     kept: list[_Cand] = []
     for cand in order:
-        clash = False
-        for other in kept:
-            if _overlap_frac(cand.glyph, other.glyph) < 0.6:
-                continue
-            ga = (cand.glyph[2] - cand.glyph[0]) * (cand.glyph[3] - cand.glyph[1])
-            gb = (other.glyph[2] - other.glyph[0]) * (other.glyph[3] - other.glyph[1])
-            # A small glyph inside a large outline or inset is a marker of its own.
-            if other.kind in _ENCLOSING and ga < 0.35 * gb:
-                continue
-            if cand.kind in _ENCLOSING and gb < 0.35 * ga:
-                continue
-            clash = True
-            break
-        if not clash:
+        if not any(_clash(cand, other) for other in kept):
             kept.append(cand)
     return kept
+
+
+def _clash(cand: _Cand, other: _Cand) -> bool:
+    """The two candidates are one glyph (their glyph boxes mostly overlap)."""
+    if _overlap_frac(cand.glyph, other.glyph) < 0.6:
+        return False
+    ga = (cand.glyph[2] - cand.glyph[0]) * (cand.glyph[3] - cand.glyph[1])
+    gb = (other.glyph[2] - other.glyph[0]) * (other.glyph[3] - other.glyph[1])
+    # A small glyph inside a large outline or inset is a marker of its own.
+    if other.kind in _ENCLOSING and ga < 0.35 * gb:
+        return False
+    return not (cand.kind in _ENCLOSING and gb < 0.35 * ga)
 
 
 def _target(cand: _Cand, w: int, h: int) -> tuple[float, float, float, float]:
@@ -1944,24 +1948,31 @@ _NET_CROWD = 3
 _NET_EXPLAINED_MARGIN = 0.02
 
 
-def _net_cands(panel: _Panel, threshold: float) -> list[_Cand]:
-    return [
-        _Cand(
-            kind=m.kind,
-            glyph=(
-                math.floor(m.glyph[0]),
-                math.floor(m.glyph[1]),
-                max(math.ceil(m.glyph[2]), math.floor(m.glyph[0]) + 1),
-                max(math.ceil(m.glyph[3]), math.floor(m.glyph[1]) + 1),
-            ),
-            point=m.point,
-            score=m.score,
-            region=m.target,
-            direction=m.direction,
-            size=max(m.glyph[2] - m.glyph[0], m.glyph[3] - m.glyph[1]),
+def _net_cands(panel: _Panel, threshold: float, native: np.ndarray | None = None) -> list[_Cand]:
+    """The network's markers in ``panel`` pixels. ``native``: the panel before the rules'
+    upscaling; the network runs on it (the scale it was trained at) and its boxes are scaled."""
+    rgb = panel.rgb if native is None else native
+    f = panel.w / rgb.shape[1]
+    cands = []
+    for m in marker_net.detect(rgb, threshold):
+        g = (m.glyph[0] * f, m.glyph[1] * f, m.glyph[2] * f, m.glyph[3] * f)
+        cands.append(
+            _Cand(
+                kind=m.kind,
+                glyph=(
+                    math.floor(g[0]),
+                    math.floor(g[1]),
+                    max(math.ceil(g[2]), math.floor(g[0]) + 1),
+                    max(math.ceil(g[3]), math.floor(g[1]) + 1),
+                ),
+                point=((m.point[0] + 0.5) * f - 0.5, (m.point[1] + 0.5) * f - 0.5),
+                score=m.score,
+                region=(m.target[0] * f, m.target[1] * f, m.target[2] * f, m.target[3] * f),
+                direction=m.direction,
+                size=max(g[2] - g[0], g[3] - g[1]),
+            )
         )
-        for m in marker_net.detect(panel.rgb, threshold)
-    ]
+    return cands
 
 
 def _explained(net: _Cand, rules: list[_Cand], w: int, h: int) -> bool:
@@ -1989,7 +2000,9 @@ def _supported(rule: _Cand, net: list[_Cand], w: int, h: int) -> bool:
     return False
 
 
-def _fuse_net(panel: _Panel, rules: list[_Cand], thresholds: dict[str, float]) -> list[_Cand]:
+def _fuse_net(
+    panel: _Panel, rules: list[_Cand], thresholds: dict[str, float], native: np.ndarray | None = None
+) -> list[_Cand]:
     """Rule-based markers the network does not contradict, plus the network's markers that none
     of them explains.
 
@@ -1997,11 +2010,13 @@ def _fuse_net(panel: _Panel, rules: list[_Cand], thresholds: dict[str, float]) -
     they miss (tiny glyphs, washed-out outlines, glyphs in the panel's own hue).
     """
     w, h = panel.w, panel.h
-    net = _net_cands(panel, min(_NET_SUPPORT, *thresholds.values()))
+    net = _net_cands(panel, min(_NET_SUPPORT, *thresholds.values()), native)
     kept = [
         r
         for r in rules
-        if r.score >= _RULE_SURE_KIND.get(r.kind, _RULE_SURE) or r.kind == "inset" or _supported(r, net, w, h)
+        if (r.score >= _RULE_SURE_KIND.get(r.kind, _RULE_SURE) and not r.enlarged)
+        or r.kind == "inset"
+        or _supported(r, net, w, h)
     ]
     strong = [c for c in net if c.score >= thresholds[c.kind]]
     crowd = Counter(c.kind for c in strong)
@@ -2010,6 +2025,92 @@ def _fuse_net(panel: _Panel, rules: list[_Cand], thresholds: dict[str, float]) -
         if crowd[c.kind] <= _NET_CROWD and not _explained(c, kept + added, w, h):
             added.append(c)
     return kept + added
+
+
+def _rule_cands(panel: _Panel, *, glyphs_only: bool = False) -> list[_Cand]:
+    """The rule-based detector on one panel (crop pixels). ``glyphs_only``: arrows, arrowheads
+    and symbols only (no outlines, line rectangles or insets: the enlarged copy's pass)."""
+    h, w = panel.h, panel.w
+    cands: list[_Cand] = [] if glyphs_only else _corner_insets(panel)
+    text_zone = np.zeros((h, w), dtype=bool)
+    for name in ("white_lo", "black_lo", "colour"):
+        n, _, stats = panel.components(name)
+        if n <= 1:
+            continue
+        text = _text_flags(stats, h, w)
+        if name != "colour":
+            text_zone |= text
+        cands += _head_arrows(panel, _STRONG[name], text)
+        cands += _component_shapes(panel, name, text, outlines=not glyphs_only)
+        if name == "colour":
+            cands += _tiny_symbols(panel, name, text)
+        if not glyphs_only:
+            cands += _dashed_outlines(panel, name)
+            cands += _line_rectangles(panel, name)
+    if glyphs_only:
+        cands = [c for c in cands if c.kind in _ENLARGED_KINDS]
+    else:
+        cands += _line_rectangles(panel, "colour_any")
+        for name in ("white", "black"):
+            cands += _strong_outlines(panel, name)
+    cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]
+    if text_zone.any():
+        cands = [c for c in cands if not _in_text(c, text_zone)]
+
+    bars = _scale_bars(panel)
+    if bars:
+        cands = [
+            c for c in cands if c.kind == "inset" or not any(_overlap_frac(c.glyph, b) > 0.5 for b in bars)
+        ]
+    edges: list[tuple[float, float, float, float]] = [
+        (0.0, 0.0, float(w), 0.0),
+        (0.0, float(h), float(w), float(h)),
+        (0.0, 0.0, 0.0, float(h)),
+        (float(w), 0.0, float(w), float(h)),
+    ]
+    for c in cands:
+        if c.kind == "inset" and c.region is not None:
+            rx1, ry1, rx2, ry2 = c.region
+            edges += [(rx1, ry1, rx2, ry1), (rx1, ry2, rx2, ry2), (rx1, ry1, rx1, ry2), (rx2, ry1, rx2, ry2)]
+    cands = [c for c in cands if c.kind not in _POINTING or not _along_edge(c, edges)]
+    if glyphs_only:
+        return _dedupe(cands)
+    cands = _dedupe(_prefer_insets(panel, cands))
+    cands += _inset_sources(panel, cands)
+    return cands
+
+
+def _scaled(cand: _Cand, fx: float, fy: float) -> _Cand:
+    """``cand`` in the pixels of a copy of its panel enlarged by ``fx`` x ``fy``."""
+    g = cand.glyph
+    r = cand.region
+    return replace(
+        cand,
+        glyph=(math.floor(g[0] * fx), math.floor(g[1] * fy), math.ceil(g[2] * fx), math.ceil(g[3] * fy)),
+        point=((cand.point[0] + 0.5) * fx - 0.5, (cand.point[1] + 0.5) * fy - 0.5),
+        region=None if r is None else (r[0] * fx, r[1] * fy, r[2] * fx, r[3] * fy),
+        size=cand.size * max(fx, fy),
+    )
+
+
+# A panel whose shorter side is below this many pixels is also examined enlarged (by at most
+# ``_UPSCALE_MAX``, to about this side): its glyphs are a few pixels wide (a figure scaled down,
+# a narrow strip), below the sizes the rules' tests resolve. The enlarged copy's candidates are
+# added where the native scale found nothing (on larger panels the enlarged glyphs outgrow the
+# rules' size limits); the network runs at the native scale it was trained at.
+_UPSCALE_BELOW = 260.0
+_UPSCALE_MAX = 2.0
+# Only glyphs of a few pixels are looked for there (outlines are large enough at the native
+# scale, and enlarged texture makes small rings); what only the enlarged copy shows is kept only
+# where the network sees something too (enlarged texture also makes small arrow look-alikes).
+_ENLARGED_KINDS = ("arrow", "arrowhead", "asterisk", "star")
+
+
+def _upscale_factor(w: int, h: int) -> float:
+    side = min(w, h)
+    if side >= _UPSCALE_BELOW:
+        return 1.0
+    return min(_UPSCALE_MAX, _UPSCALE_BELOW / side)
 
 
 def detect_markers(
@@ -2034,54 +2135,30 @@ def detect_markers(
     y1 = min(fh, math.ceil(panel_box[3]))
     if x1 - x0 < 16 or y1 - y0 < 16:
         return []
-    panel = _Panel(np.ascontiguousarray(image[y0:y1, x0:x1]))
+    native = np.ascontiguousarray(image[y0:y1, x0:x1])
+    panel = _Panel(native)
+    cands = _rule_cands(panel)
+    scale = _upscale_factor(panel.w, panel.h)
+    if scale > 1.0:
+        # Glyphs of a small panel are a few pixels: the rules also look at an enlarged copy.
+        big = _Panel(
+            cv2.resize(
+                native, (round(panel.w * scale), round(panel.h * scale)), interpolation=cv2.INTER_CUBIC
+            )
+        )
+        fx, fy = big.w / panel.w, big.h / panel.h
+        cands = [_scaled(c, fx, fy) for c in cands]
+        for extra in _rule_cands(big, glyphs_only=True):
+            if not any(_clash(extra, c) for c in cands):
+                cands.append(replace(extra, enlarged=True))
+        panel = big
     h, w = panel.h, panel.w
-
-    cands: list[_Cand] = _corner_insets(panel)
-    text_zone = np.zeros((h, w), dtype=bool)
-    for name in ("white_lo", "black_lo", "colour"):
-        n, _, stats = panel.components(name)
-        if n <= 1:
-            continue
-        text = _text_flags(stats, h, w)
-        if name != "colour":
-            text_zone |= text
-        cands += _head_arrows(panel, _STRONG[name], text)
-        cands += _component_shapes(panel, name, text)
-        if name == "colour":
-            cands += _tiny_symbols(panel, name, text)
-        cands += _dashed_outlines(panel, name)
-        cands += _line_rectangles(panel, name)
-    cands += _line_rectangles(panel, "colour_any")
-    for name in ("white", "black"):
-        cands += _strong_outlines(panel, name)
-    cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]
-    if text_zone.any():
-        cands = [c for c in cands if not _in_text(c, text_zone)]
-
-    bars = _scale_bars(panel)
-    if bars:
-        cands = [
-            c for c in cands if c.kind == "inset" or not any(_overlap_frac(c.glyph, b) > 0.5 for b in bars)
-        ]
-    edges: list[tuple[float, float, float, float]] = [
-        (0.0, 0.0, float(w), 0.0),
-        (0.0, float(h), float(w), float(h)),
-        (0.0, 0.0, 0.0, float(h)),
-        (float(w), 0.0, float(w), float(h)),
-    ]
-    for c in cands:
-        if c.kind == "inset" and c.region is not None:
-            rx1, ry1, rx2, ry2 = c.region
-            edges += [(rx1, ry1, rx2, ry1), (rx1, ry2, rx2, ry2), (rx1, ry1, rx1, ry2), (rx2, ry1, rx2, ry2)]
-    cands = [c for c in cands if c.kind not in _POINTING or not _along_edge(c, edges)]
-    cands = _dedupe(_prefer_insets(panel, cands))
-    cands += _inset_sources(panel, cands)
     if use_net:
         levels = NET_THRESHOLDS if net_threshold is None else dict.fromkeys(NET_THRESHOLDS, net_threshold)
-        cands = _fuse_net(panel, cands, levels)
+        cands = _fuse_net(panel, cands, levels, native)
 
     markers: list[Marker] = []
+    sx, sy = (x1 - x0) / w, (y1 - y0) / h  # back to figure pixels (1 unless upscaled)
     for cand in cands:
         tx1, ty1, tx2, ty2 = _target(cand, w, h)
         tx1, ty1 = max(0.0, tx1), max(0.0, ty1)
@@ -2097,9 +2174,9 @@ def detect_markers(
         markers.append(
             Marker(
                 kind=cand.kind,
-                glyph_box=(float(gx1 + x0), float(gy1 + y0), float(gx2 + x0), float(gy2 + y0)),
-                target_point=(float(cand.point[0] + x0), float(cand.point[1] + y0)),
-                target_box=(tx1 + x0, ty1 + y0, tx2 + x0, ty2 + y0),
+                glyph_box=(gx1 * sx + x0, gy1 * sy + y0, gx2 * sx + x0, gy2 * sy + y0),
+                target_point=((cand.point[0] + 0.5) * sx - 0.5 + x0, (cand.point[1] + 0.5) * sy - 0.5 + y0),
+                target_box=(tx1 * sx + x0, ty1 * sy + y0, tx2 * sx + x0, ty2 * sy + y0),
                 confidence=float(round(min(1.0, cand.score), 4)),
                 direction_deg=None if cand.direction is None else float(round(cand.direction, 2)),
                 color=cand.color,
