@@ -532,3 +532,45 @@ def test_readings_exactly_at_their_ranks_outweigh_confusions_in_choosing_the_ord
     confidence = {0: 0.85, 6: 0.45, 3: 0.85, 2: 0.09, 1: 0.4, 8: 0.7, 5: 0.19, 7: 0.25, 4: 0.53}
     got = _repair_sequence(orders, texts, confidence)
     assert got == {0: "i", 1: "ii", 6: "iii", 2: "iv", 3: "v", 8: "ix"}
+
+
+def test_numeral_readings_only_gain_dropped_strokes() -> None:
+    """OCR drops the i's of numerals but hardly adds any: a clear "iv" after a sliver panel
+    that shifts the ranks stays "iv" (it is no "v" with an i added)."""
+    boxes = [
+        (40, 20, 140, 120),
+        (200, 20, 300, 120),
+        (360, 20, 460, 120),
+        (470, 20, 480, 120),
+        (520, 20, 620, 120),
+    ]
+    panels = [panel(b) for b in boxes]
+    dets = [
+        detection(t, (boxes[k][0] - 14, 2, boxes[k][0] - 2, 16)) for k, t in ((0, "i"), (2, "iii"), (4, "iv"))
+    ]
+    got = assign_labels(panels, dets)
+    assert got[0] == "i" and got[2] == "iii" and got[4] == "iv"
+
+
+def test_a_reading_of_the_figures_kind_wins_its_panel_over_a_speck_of_another() -> None:
+    """A clear "7" (a speck of texture right in the panel's corner) and a clear "C" beside the
+    panel, after a sliver panel that shifts the ranks: among letters, the letter is the label."""
+    boxes = [(40, 20, 140, 120), (200, 20, 300, 120), (310, 20, 320, 120), (360, 20, 460, 120)]
+    panels = [panel(b) for b in boxes]
+
+    def beside(k: int, text: str) -> LabelDetection:
+        x, y = boxes[k][0], boxes[k][1]
+        return detection(text, (x - 14, y, x - 2, y + 14), 0.6)
+
+    x, y = boxes[3][0], boxes[3][1]
+    speck = detection("7", (x + 1, y + 1, x + 6, y + 8), 0.9)
+    dets = [beside(0, "A"), beside(1, "B"), beside(3, "C"), speck]
+    assert assign_labels(panels, dets) == ["A", "B", None, "C"]
+
+
+def test_figure_number_labels_and_digits_are_one_kind() -> None:
+    """OCR reads "3c" as "30": a digit reading is of the kind of "1a" labels, no speck."""
+    from p2p.mining.cpu.labels import _in_style
+
+    assert _in_style("30", "3+lower") and _in_style("3a", "digit")
+    assert not _in_style("40", "upper") and not _in_style("R", "roman")

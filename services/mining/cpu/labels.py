@@ -893,7 +893,9 @@ def _roman_options(text: str) -> list[str]:
     strokes = len(shape) - len(skeleton)
     out = []
     for numeral in ROMAN:
-        if numeral.replace("i", "") == skeleton and abs(numeral.count("i") - strokes) <= 2:
+        # i's are dropped, hardly ever added: a reading stands for numerals with as many i's or
+        # up to two more ("iv" is no "v", "ii" no "i")
+        if numeral.replace("i", "") == skeleton and 0 <= numeral.count("i") - strokes <= 2:
             out.append(numeral)
     return out
 
@@ -947,8 +949,13 @@ def assign_labels(panels: Sequence[PanelCandidate], labels: Sequence[LabelDetect
     result: list[str | None] = [None] * n
     if n == 0 or not labels:
         return result
+    # the kind of label the figure's clear readings share: a reading of another kind ("G", a
+    # speck inside the panel, among numerals) gives way to one of that kind for the same panel
+    clear = {li: det.text for li, det in enumerate(labels) if det.confidence >= STRONG_SCORE}
+    main = _main_style(clear, set(clear)) if len(clear) >= 2 else None
     pairs: list[tuple[float, int, int]] = []
     for li, det in enumerate(labels):
+        off_kind = 4.0 if main is not None and not _in_style(det.text, main) else 0.0
         # a label printed inside a panel names that panel, never a neighbour
         homes = [
             pi
@@ -960,7 +967,7 @@ def assign_labels(panels: Sequence[PanelCandidate], labels: Sequence[LabelDetect
                 continue
             cost = _zone_cost(det.box, panel.box)
             if cost is not None:
-                pairs.append((cost - 2.0 * det.confidence, li, pi))
+                pairs.append((cost - 2.0 * det.confidence + off_kind, li, pi))
     pairs.sort()
     used_labels: set[int] = set()
     chosen: dict[int, LabelDetection] = {}
@@ -1109,7 +1116,11 @@ def _of_style(text: str, style: str) -> bool:
 
 
 def _family(style: str) -> str:
-    return "letter" if style in ("lower", "upper") else style.split("+")[0].strip("0123456789") or "number"
+    """Letters of either case, numbers (digits and "1a" compounds, which OCR confuses: "3c" is
+    read "30"), roman numerals, other."""
+    if style in ("lower", "upper"):
+        return "letter"
+    return "number" if style == "digit" or "+" in style else style
 
 
 def _in_style(text: str, style: str) -> bool:
