@@ -574,3 +574,24 @@ def test_figure_number_labels_and_digits_are_one_kind() -> None:
 
     assert _in_style("30", "3+lower") and _in_style("3a", "digit")
     assert not _in_style("40", "upper") and not _in_style("R", "roman")
+
+
+def test_numeral_i_s_joined_by_their_serifs_are_counted_from_the_dots() -> None:
+    """Bold serif "iii" set tight: the serifs join the stems into one shape; the dots still
+    stand apart and give the count."""
+    from p2p.mining.cpu.labels import _count_strokes, _prepare_crop
+
+    def tight(text: str) -> np.ndarray:
+        pil = Image.new("L", (120, 32), 255)
+        draw, face, x = ImageDraw.Draw(pil), font(20, "DejaVuSerif-Bold.ttf"), 4.0
+        for ch in text:
+            draw.text((x, 4), ch, fill=0, font=face)
+            x += 6 if ch == "i" else face.getlength(ch) - 1
+        grey = np.asarray(pil)
+        ys, xs = np.nonzero(grey < 128)
+        box = (int(xs.min()) - 1, int(ys.min()) - 1, int(xs.max()) + 2, int(ys.max()) + 2)
+        return _prepare_crop(grey, None, box, invert=False)
+
+    assert _count_strokes(tight("(iii)"), "(ii)", "ii") == "iii"
+    assert _count_strokes(tight("iii"), "i", "i") == "iii"
+    assert _count_strokes(tight("iii"), "I", "I") == "I"  # capitals have no dots

@@ -748,19 +748,27 @@ def _count_strokes(crop: np.ndarray, raw: str, text: str) -> str:
     Glyphs are the crop's connected ink shapes: dots are small, the parentheses the reading shows
     are the outermost shapes, i-stems narrow, v's and x's about as wide as tall. The i's are
     recounted only when every shape is clearly one of these (two glyphs touching are not) and
-    the v's and x's agree with the reading; i's are only ever added.
+    the v's and x's agree with the reading; else, in lower case, from the dots over the stems
+    (bold serifs join the stems of "iii"). i's are only ever added.
     """
     if not text or set(text.lower()) - set("ivx"):
         return text
     _, _, stats, _ = cv2.connectedComponentsWithStats((crop < 128).astype(np.uint8), connectivity=8)
-    shapes = sorted((int(x), int(w), int(h)) for x, _, w, h, _ in stats[1:] if h >= 0.3 * GLYPH_HEIGHT)
+    tall = sorted((int(x), int(y), int(w), int(h)) for x, y, w, h, _ in stats[1:] if h >= 0.3 * GLYPH_HEIGHT)
     stripped = "".join(raw.split())
-    if shapes and stripped.startswith(("(", "[")):
-        shapes = shapes[1:]
-    if shapes and stripped.endswith((")", "]")):
-        shapes = shapes[:-1]
+    if tall and stripped.startswith(("(", "[")):
+        tall = tall[1:]
+    if tall and stripped.endswith((")", "]")):
+        tall = tall[:-1]
+    counted = _count_stems(tall, text)
+    if counted == text and text.islower():
+        counted = _count_dots(stats, tall, text)
+    return counted
+
+
+def _count_stems(tall: list[tuple[int, int, int, int]], text: str) -> str:
     runs: list[str] = []
-    for _, w, h in shapes:
+    for _, _, w, h in tall:
         ratio = w / max(1, h)
         if ratio <= 0.72:  # bold serif stems are wider than sans ones
             runs.append("n")
@@ -774,6 +782,25 @@ def _count_strokes(crop: np.ndarray, raw: str, text: str) -> str:
     letters = iter(wide)
     counted = "".join(next(letters) if r == "w" else ("I" if text.isupper() else "i") for r in runs)
     return counted if counted.lower() in ROMAN else text
+
+
+def _count_dots(stats: np.ndarray, tall: list[tuple[int, int, int, int]], text: str) -> str:
+    """A lower-case numeral's i's counted from their dots (small shapes above the stems); the
+    stems no dot stands over are its v's and x's."""
+    if not tall:
+        return text
+    small = 0.3 * GLYPH_HEIGHT
+    top = min(y for _, y, _, _ in tall)
+    dots = [(int(x) + w / 2.0) for x, y, w, h, _ in stats[1:] if h < small and w < small and y + h <= top + 1]
+    bare = [(x, w) for x, _, w, _ in tall if not any(x - 1 <= d <= x + w + 1 for d in dots)]
+    wide = [c for c in text if c in "vx"]
+    if not dots or len(bare) != len(wide):
+        return text
+    items = sorted(
+        [(d, "i") for d in dots] + [(x + w / 2.0, c) for (x, w), c in zip(bare, wide, strict=True)]
+    )
+    counted = "".join(c for _, c in items)
+    return counted if counted in ROMAN and counted.count("i") > text.count("i") else text
 
 
 # --------------------------------------------------------------------------------------------
