@@ -807,3 +807,74 @@ def _table_beside_an_image() -> tuple[np.ndarray, list[tuple[float, float, float
 def test_a_label_over_a_table_heads_all_its_rows() -> None:
     image, truth = _table_beside_an_image()
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def _number_table(rows: int = 50, cols: int = 10) -> np.ndarray:
+    """A text-heavy figure: a 1000x800 table of numbers (hundreds of glyph components)."""
+    rng = np.random.default_rng(5)
+    pil = Image.fromarray(canvas(1000, 800))
+    draw = ImageDraw.Draw(pil)
+    for r in range(rows):
+        for c in range(cols):
+            draw.text(
+                (20 + c * 97, 10 + r * 15.5),
+                f"{rng.uniform(0, 1000):.2f}",
+                fill=(0, 0, 0),
+                font=font(11, False),
+            )
+    return np.asarray(pil).copy()
+
+
+def test_a_large_table_is_clustered_with_linear_work_per_merge(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the closest mergeable pair used to be found by a scan of the whole n x n matrix after
+    # every merge (n^3 work, seconds for a table's ~1000 glyphs); rows are now searched again
+    # only where a merge changed them
+    scanned = {"elements": 0, "parts": 0}
+    inside = {"on": False}
+    real_argmin, real_cluster = np.argmin, segment._cluster
+
+    def counting_argmin(a: np.ndarray, axis: int | None = None) -> object:
+        if inside["on"]:
+            scanned["elements"] += np.asarray(a).size
+        return real_argmin(a, axis=axis)
+
+    def counting_cluster(parts: list, *args: object, **kwargs: object) -> object:
+        scanned["parts"] = max(scanned["parts"], len(parts))
+        inside["on"] = True
+        try:
+            return real_cluster(parts, *args, **kwargs)
+        finally:
+            inside["on"] = False
+
+    monkeypatch.setattr(np, "argmin", counting_argmin)
+    monkeypatch.setattr(segment, "_cluster", counting_cluster)
+    assert segment_panels(_number_table())
+    n = scanned["parts"]
+    assert n >= 300  # the table is many parts
+    assert scanned["elements"] <= 12 * n * n
+
+
+def test_row_minima_give_the_first_smallest_entry_as_a_full_scan() -> None:
+    rng = np.random.default_rng(3)
+    n = 40
+    m = rng.integers(0, 6, (n, n)).astype(np.float64)  # many ties
+    m[rng.random((n, n)) < 0.5] = np.inf
+    m = np.minimum(m, m.T)
+    alive = np.ones(n, dtype=bool)
+    best = segment._RowMinima(m.copy())
+    for _ in range(30):
+        i, j = best.closest()
+        flat = int(np.argmin(m))
+        if not np.isfinite(m.flat[flat]):
+            assert i < 0
+            break
+        assert (i, j) == divmod(flat, n)
+        keep, gone = i, [j, *rng.choice(np.flatnonzero(alive), 1)]
+        gone = [int(k) for k in gone if k != keep]
+        for k in gone:
+            alive[k] = False
+            m[k, :] = m[:, k] = np.inf
+        row = np.where(alive, rng.integers(0, 6, n).astype(np.float64), np.inf)
+        row[keep] = np.inf
+        m[keep, :] = m[:, keep] = row
+        best.update(sorted({keep, *gone}), keep, m[:, keep].copy(), lambda r: m[r].copy())

@@ -52,6 +52,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import cv2
@@ -277,16 +278,13 @@ def _label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray
 
     def dots(cid: int, gh: int) -> list[int]:
         """i/j dots and accents: small components just above the glyph."""
-        out = []
-        for j in near_x(x[cid] - gh, x[cid] + w[cid] + 1):
-            j = int(j)
-            if j == cid or h[j] > 0.5 * gh or w[j] > w[cid] + 0.5 * gh + 2:
-                continue
-            if x[j] + w[j] < x[cid] - 1 or x[j] > x[cid] + w[cid] + 1:
-                continue
-            if y[cid] - 0.7 * gh <= y[j] + h[j] <= y[cid] + 1:
-                out.append(j)
-        return out
+        # one test over the whole column of candidates (a table's column holds hundreds)
+        near = near_x(x[cid] - gh, x[cid] + w[cid] + 1)
+        nx, nw, nh, bottom = x[near], w[near], h[near], y[near] + h[near]
+        keep = (near != cid) & (nh <= 0.5 * gh) & (nw <= w[cid] + 0.5 * gh + 2)
+        keep &= (nx + nw >= x[cid] - 1) & (nx <= x[cid] + w[cid] + 1)
+        keep &= (y[cid] - 0.7 * gh <= bottom) & (bottom <= y[cid] + 1)
+        return [int(j) for j in near[keep]]
 
     area = stats[:, 4]
     # solid images: a label may sit right beside one (narrow gutters) without being text
@@ -1062,18 +1060,22 @@ def _cluster(
         gap[i] = gaps_to(i)
     gap[np.arange(n), np.arange(n)] = np.inf
     limit = np.full((n, n), -1.0)
-    for i in range(n):
-        for j in range(i + 1, n):
-            if gap[i, j] <= text_gap + sub_gap:
-                limit[i, j] = limit[j, i] = threshold(i, j)
+    for i, j in np.argwhere(np.triu(gap <= text_gap + sub_gap, k=1)):
+        limit[i, j] = limit[j, i] = threshold(int(i), int(j))
     alive = np.ones(n, dtype=bool)
     blocked = np.zeros((n, n), dtype=bool)
+    # the closest mergeable pair, kept per row (each merge changes only the merged rows and
+    # columns): linear work per merge instead of a scan of the whole matrix (a table's glyphs)
+    best = _RowMinima(np.where((gap <= limit) & ~blocked, gap, np.inf))
+
+    def candidates(rows: int | slice, cols: int | slice) -> np.ndarray:
+        return np.where(
+            (gap[rows, cols] <= limit[rows, cols]) & ~blocked[rows, cols], gap[rows, cols], np.inf
+        )
 
     while True:
-        candidate = np.where((gap <= limit) & ~blocked, gap, np.inf)
-        flat = int(np.argmin(candidate))
-        i, j = divmod(flat, n)
-        if not np.isfinite(candidate[i, j]):
+        i, j = best.closest()
+        if i < 0:
             break
         # the union must not overlap clusters it may not absorb
         group = {i, j}
@@ -1118,6 +1120,8 @@ def _cluster(
                 break
         if not ok:
             blocked[i, j] = blocked[j, i] = True
+            for r in (i, j):
+                best.set_row(r, candidates(r, slice(None)))
             continue
         keep = i
         for k in group:
@@ -1153,7 +1157,49 @@ def _cluster(
             other = int(near)
             if other != keep:
                 limit[keep, other] = limit[other, keep] = threshold(keep, other)
+        changed = sorted(group)
+        best.update(changed, keep, candidates(slice(None), keep), lambda r: candidates(r, slice(None)))
     return [c for c in clusters if c.alive]
+
+
+class _RowMinima:
+    """Each row's smallest value and its first column in a square matrix whose entries change
+    only in a few rows and columns at a time; ``closest`` is the matrix's first smallest entry
+    in row-major order (as ``np.argmin`` of the whole matrix)."""
+
+    def __init__(self, matrix: np.ndarray) -> None:
+        self.arg = np.argmin(matrix, axis=1)
+        self.value = matrix[np.arange(matrix.shape[0]), self.arg]
+        self.rescans = 0  # rows searched again after a merge (work beyond the linear updates)
+
+    def closest(self) -> tuple[int, int]:
+        i = int(np.argmin(self.value))
+        if not np.isfinite(self.value[i]):
+            return -1, -1
+        return i, int(self.arg[i])
+
+    def set_row(self, r: int, values: np.ndarray) -> None:
+        self.arg[r] = int(np.argmin(values))
+        self.value[r] = values[self.arg[r]]
+
+    def update(
+        self, changed: list[int], keep: int, column: np.ndarray, row_of: Callable[[int], np.ndarray]
+    ) -> None:
+        """Rows and columns ``changed`` were rewritten: of them only ``keep`` holds values
+        still (``column`` is its column); the others are all inf."""
+        gone = [k for k in changed if k != keep]
+        self.value[gone] = np.inf
+        # rows whose smallest entry sat in a changed column are searched again; the others
+        # compare their entry in the kept column with their smallest (first column on ties)
+        stale = np.isin(self.arg, changed) & np.isfinite(self.value)
+        stale[keep] = True
+        better = (column < self.value) | ((column == self.value) & (keep < self.arg))
+        better &= ~stale
+        self.value[better] = column[better]
+        self.arg[better] = keep
+        for r in np.flatnonzero(stale):
+            self.set_row(int(r), row_of(int(r)))
+            self.rescans += 1
 
 
 # --------------------------------------------------------------------------------------------
