@@ -344,3 +344,25 @@ def test_a_marker_only_the_enlarged_copy_shows_needs_the_network(monkeypatch):
     assert _fuse_net(panel, [arrow, enlarged], rules_module.NET_THRESHOLDS) == [arrow]
     monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: [peak])
     assert _fuse_net(panel, [enlarged], rules_module.NET_THRESHOLDS) == [enlarged]
+
+
+def test_four_network_arrows_in_a_panel_are_markers_four_stars_are_texture(monkeypatch):
+    """Arrows tolerate a larger crowd than dots: four arrow peaks of 0.45 (above the arrow level)
+    are all kept, four star peaks are texture."""
+    from p2p.mining.cpu import markers as rules_module
+    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
+
+    panel = _Panel(np.full((200, 400, 3), 128, np.uint8))
+
+    def peak(kind: str, i: int) -> _Cand:
+        x = 20.0 + 90.0 * i
+        return _Cand(
+            kind, (int(x) - 4, 96, int(x) + 4, 104), (x, 100.0), 0.45, region=(x - 8, 92.0, x + 8, 108.0)
+        )
+
+    arrows = [peak("arrow", i) for i in range(4)]
+    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: arrows)
+    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == arrows
+    stars = [peak("star", i) for i in range(4)]
+    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: stars)
+    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == []

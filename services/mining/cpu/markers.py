@@ -1919,10 +1919,11 @@ def _target(cand: _Cand, w: int, h: int) -> tuple[float, float, float, float]:
 
 
 # Heat-map peaks of the marker network at or above these become markers of their own (set on
-# development seed 2002 for recall plus precision). Arrows and boxes need more: the network's
+# development seed 2002 for recall plus precision; arrows lowered from 0.5 on seeds 1001 and 2002
+# with the enlarged pass in place). Arrows and boxes need more: the network's
 # weak peaks of those kinds fall on sharp edges and cell outlines of the texture.
 NET_THRESHOLDS = {
-    "arrow": 0.5,
+    "arrow": 0.4,
     "arrowhead": 0.3,
     "asterisk": 0.3,
     "star": 0.3,
@@ -1943,6 +1944,8 @@ _NET_SUPPORT = 0.1
 # More network peaks of one kind than this in one panel are texture (puncta, a field of cells
 # alike), not markers: authors mark a few structures, and the rules still find dense markers.
 _NET_CROWD = 3
+# Arrows are rarer look-alikes of texture than dots: a panel with four arrows is common enough.
+_NET_CROWD_KIND: dict[str, int] = {"arrow": 4}
 # A network marker is already explained by a rule-based one when its point lies this close (a
 # fraction of the panel diagonal) to that marker's target box or their glyph boxes overlap.
 _NET_EXPLAINED_MARGIN = 0.02
@@ -2022,7 +2025,7 @@ def _fuse_net(
     crowd = Counter(c.kind for c in strong)
     added: list[_Cand] = []
     for c in strong:  # best first; a second peak on one glyph (two kinds, two cells) is one marker
-        if crowd[c.kind] <= _NET_CROWD and not _explained(c, kept + added, w, h):
+        if crowd[c.kind] <= _NET_CROWD_KIND.get(c.kind, _NET_CROWD) and not _explained(c, kept + added, w, h):
             added.append(c)
     return kept + added
 
@@ -2136,7 +2139,7 @@ def detect_markers(
     if x1 - x0 < 16 or y1 - y0 < 16:
         return []
     native = np.ascontiguousarray(image[y0:y1, x0:x1])
-    panel = _Panel(native)
+    panel = native_panel = _Panel(native)
     cands = _rule_cands(panel)
     scale = _upscale_factor(panel.w, panel.h)
     if scale > 1.0:
@@ -2155,7 +2158,19 @@ def detect_markers(
     h, w = panel.h, panel.w
     if use_net:
         levels = NET_THRESHOLDS if net_threshold is None else dict.fromkeys(NET_THRESHOLDS, net_threshold)
+        rules = cands
         cands = _fuse_net(panel, cands, levels, native)
+        # A scale bar's text is not a marker for the network either (rules filter their own).
+        bars = _scale_bars(native_panel)
+        if bars:
+            back_x, back_y = native_panel.w / panel.w, native_panel.h / panel.h
+            cands = [
+                c
+                for c in cands
+                if c.kind == "inset"
+                or any(c is r for r in rules)
+                or not any(_overlap_frac(_scaled(c, back_x, back_y).glyph, b) > 0.5 for b in bars)
+            ]
 
     markers: list[Marker] = []
     sx, sy = (x1 - x0) / w, (y1 - y0) / h  # back to figure pixels (1 unless upscaled)
