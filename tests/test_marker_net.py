@@ -366,3 +366,16 @@ def test_four_network_arrows_in_a_panel_are_markers_four_stars_are_texture(monke
     stars = [peak("star", i) for i in range(4)]
     monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: stars)
     assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == []
+
+
+def test_a_network_box_of_middling_score_is_a_marker(monkeypatch):
+    """A box the rules miss (a washed-out outline) that the network scores 0.45 is reported;
+    a box peak of 0.35 (sharp texture edges) is not."""
+    from p2p.mining.cpu import markers as rules_module
+    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
+
+    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+    box = _Cand("box", (100, 50, 160, 110), (130.0, 80.0), 0.45, region=(103.0, 53.0, 157.0, 107.0))
+    weak = _Cand("box", (200, 50, 260, 110), (230.0, 80.0), 0.35, region=(203.0, 53.0, 257.0, 107.0))
+    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: [box, weak])
+    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == [box]

@@ -1919,15 +1919,16 @@ def _target(cand: _Cand, w: int, h: int) -> tuple[float, float, float, float]:
 
 
 # Heat-map peaks of the marker network at or above these become markers of their own (set on
-# development seed 2002 for recall plus precision; arrows lowered from 0.5 on seeds 1001 and 2002
-# with the enlarged pass in place). Arrows and boxes need more: the network's
-# weak peaks of those kinds fall on sharp edges and cell outlines of the texture.
+# development seed 2002 for recall plus precision; with the enlarged pass in place arrows were
+# lowered from 0.5 on seeds 1001 and 2002, boxes from 0.5 on 1001 and 3003). Arrows and boxes
+# need more than symbols: the network's weak peaks of those kinds fall on sharp edges and cell
+# outlines of the texture.
 NET_THRESHOLDS = {
     "arrow": 0.4,
     "arrowhead": 0.3,
     "asterisk": 0.3,
     "star": 0.3,
-    "box": 0.5,
+    "box": 0.4,
     "circle": 0.3,
     "inset": 0.5,
 }
