@@ -788,17 +788,22 @@ def test_a_sliver_of_the_image_beyond_a_seam_is_left_off_the_piece() -> None:
     assert segment._without_sliver(rows, (0, 0, 100, 142), 1, True) == (0, 0, 100, 141)
 
 
+def text_rows(image: np.ndarray, x: int, y: int, lines: list[str]) -> np.ndarray:
+    """``image`` with the lines of a ruleless table (13 px regular text, 18 px apart) at (x, y)."""
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for row, text in enumerate(lines):
+        draw.text((x, y + 18 * row), text, fill=(0, 0, 0), font=font(13, False))
+    return np.asarray(pil).copy()
+
+
 def _table_beside_an_image() -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
     """Label "C" over a table of text rows, 8 px left of an image labelled "D": no row of the
     table is panel-sized, yet the label heads them all, so the rows do not join the image."""
     rng = np.random.default_rng(29)
     image = labelled_canvas(560, 300, [(10, 4, "C"), (220, 4, "D")], 20)
-    pil = Image.fromarray(image)
-    draw = ImageDraw.Draw(pil)
-    for row in range(12):
-        text = f"Follow-up of group {row + 1} (mo) {12.5 + 3 * row:.1f}"
-        draw.text((12, 36 + 18 * row), text, fill=(0, 0, 0), font=font(13, False))
-    image = np.asarray(pil).copy()
+    lines = [f"Follow-up of group {row + 1} (mo) {12.5 + 3 * row:.1f}" for row in range(12)]
+    image = text_rows(image, 12, 36, lines)
     image[34:290, 220:550] = texture(rng, 330, 256, 120)
     table = ink_box(image, (10, 34, 218, 292))
     return image, [table, (220.0, 34.0, 550.0, 290.0)]
@@ -878,3 +883,19 @@ def test_row_minima_give_the_first_smallest_entry_as_a_full_scan() -> None:
         row[keep] = np.inf
         m[keep, :] = m[:, keep] = row
         best.update(sorted({keep, *gone}), keep, m[:, keep].copy(), lambda r: m[r].copy())
+
+
+def _table_right_of_its_label() -> tuple[np.ndarray, list[tuple[float, float, float, float]]]:
+    """An image labelled "A" and, in the gutter right of it, a label "C" level with the top row
+    of a table that starts just right of the label (nothing under the label)."""
+    rng = np.random.default_rng(31)
+    image = labelled_canvas(640, 320, [(2, 2, "A"), (335, 2, "C")], 18)
+    image = text_rows(image, 354, 4, [f"Stage {row + 1} (mo)   {12.5 + 3 * row:.2f}" for row in range(8)])
+    image[2:300, 24:330] = texture(rng, 306, 298, 120)
+    table = ink_box(image, (360, 0, 640, 160))
+    return image, [(24.0, 2.0, 330.0, 300.0), table]
+
+
+def test_a_label_left_of_a_tables_top_row_heads_the_table() -> None:
+    image, truth = _table_right_of_its_label()
+    assert_matches(segment_panels(image), truth, 0.9)

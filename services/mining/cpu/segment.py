@@ -1886,7 +1886,9 @@ def _anchor_labels(
         block: list[int] = []
         if best < 0:
             # a table (rows of text, each too small to be panel-sized) right under the label
-            block = _text_block_under(box, parts, major, u)
+            block = _text_block_under(box, parts, major, u) or _text_block_under(
+                box, parts, major, u, beside_label=True
+            )
             if not block:
                 continue
             best = block[0]
@@ -1927,18 +1929,28 @@ def _anchor_labels(
     return boxes, anchors
 
 
-def _text_block_under(label: IntBox, parts: list[IntBox], major: list[bool], u: float) -> list[int]:
+def _text_block_under(
+    label: IntBox, parts: list[IntBox], major: list[bool], u: float, beside_label: bool = False
+) -> list[int]:
     """The parts of a table headed by ``label``: small parts (cells, rows, rules) starting just
     below it at its left, and those stacked on them or beside them on their lines, when together
     they make a panel-sized block of several rows (the first index is the top-left part)."""
     x1, _, _, y2 = label
     gh = label[3] - label[1]
     small = [k for k in range(len(parts)) if not major[k]]
-    starts = [
-        k
-        for k in small
-        if y2 - 0.3 * gh <= parts[k][1] <= y2 + 2.5 * gh and abs(parts[k][0] - x1) <= 2.5 * gh
-    ]
+    if beside_label:
+        # a table whose top row starts right beside the label, level with it (the label printed
+        # in the gutter left of the table's top-left corner), with nothing under the label
+        lx2, ly1 = label[2], label[1]
+        starts = [k for k in small if 0 <= parts[k][0] - lx2 <= gh and abs(parts[k][1] - ly1) <= 0.5 * gh]
+        if any(p[0] < lx2 and p[2] > x1 and y2 <= p[1] <= y2 + 3.0 * gh for p in parts):
+            return []
+    else:
+        starts = [
+            k
+            for k in small
+            if y2 - 0.3 * gh <= parts[k][1] <= y2 + 2.5 * gh and abs(parts[k][0] - x1) <= 2.5 * gh
+        ]
     if not starts:
         return []
     first = min(starts, key=lambda k: (parts[k][1], parts[k][0]))
@@ -1964,6 +1976,9 @@ def _text_block_under(label: IntBox, parts: list[IntBox], major: list[bool], u: 
     bw, bh = block[2] - block[0], block[3] - block[1]
     if len(members) < 4 or min(bw, bh) < 4.0 * u or bw * bh < 60.0 * u * u:
         return []
+    if beside_label:
+        # the whole block lies right of the label (its top row is the label's line)
+        return members if block[0] >= label[2] else []
     # a label stands alone on its line: a word with more cells beside it is in a table's row
     ly1, ly2 = label[1], label[3]
     lx1, lx2 = min(block[0], label[0]) - gh, max(block[2], label[2]) + gh
