@@ -899,3 +899,16 @@ def _table_right_of_its_label() -> tuple[np.ndarray, list[tuple[float, float, fl
 def test_a_label_left_of_a_tables_top_row_heads_the_table() -> None:
     image, truth = _table_right_of_its_label()
     assert_matches(segment_panels(image), truth, 0.9)
+
+
+def test_an_image_beside_a_table_does_not_stop_its_label_heading_it() -> None:
+    # label "C" over eight text rows; an image (panel-sized) starts 8 px right of the rows, its
+    # top level with the label: it is no cell on the label's line (a word in a table's row)
+    label = (10, 4, 24, 22)
+    rows = [(12, 36 + 18 * r, 190, 48 + 18 * r) for r in range(8)]
+    image = (198, 4, 520, 290)
+    parts = [*rows, image]
+    major = [False] * len(rows) + [True]
+    assert segment._text_block_under(label, parts, major, 8.0) == list(range(len(rows)))
+    # a small word there is a cell of the label's row
+    assert segment._text_block_under(label, [*rows, (198, 4, 240, 20)], [False] * (len(rows) + 1), 8.0) == []

@@ -1980,9 +1980,10 @@ def _text_block_under(
         # the whole block lies right of the label (its top row is the label's line)
         return members if block[0] >= label[2] else []
     # a label stands alone on its line: a word with more cells beside it is in a table's row
+    # (a panel-sized neighbour beside the table is no cell)
     ly1, ly2 = label[1], label[3]
     lx1, lx2 = min(block[0], label[0]) - gh, max(block[2], label[2]) + gh
-    for p in parts:
-        if p[1] < ly2 and p[3] > ly1 and p[0] < lx2 and p[2] > lx1:
+    for k, p in enumerate(parts):
+        if not major[k] and p[1] < ly2 and p[3] > ly1 and p[0] < lx2 and p[2] > lx1:
             return []
     return members
