@@ -595,3 +595,18 @@ def test_numeral_i_s_joined_by_their_serifs_are_counted_from_the_dots() -> None:
     assert _count_strokes(tight("(iii)"), "(ii)", "ii") == "iii"
     assert _count_strokes(tight("iii"), "i", "i") == "iii"
     assert _count_strokes(tight("iii"), "I", "I") == "I"  # capitals have no dots
+
+
+def test_a_label_in_the_top_left_corner_beats_one_in_another_corner() -> None:
+    """The next panel's label swallowed into a panel's top-right corner, read as clearly as the
+    panel's own label in its top-left corner: the top-left one names the panel."""
+    panels = [
+        panel(b) for b in [(3, 3, 457, 342), (472, 26, 829, 311), (29, 352, 402, 660), (438, 352, 841, 651)]
+    ]
+    dets = [
+        detection("ii", (439, 3, 457, 22), 0.84),
+        detection("iii", (29, 352, 56, 371), 0.64),
+        detection("iv", (438, 352, 463, 371), 0.97),
+        detection("i", (8, 8, 14, 26), 0.85),
+    ]
+    assert assign_labels(panels, dets) == ["i", "ii", "iii", "iv"]

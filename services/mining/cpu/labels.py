@@ -957,7 +957,7 @@ def _zone_cost(label: Box, panel: Box) -> float | None:
                 dx = px2 - lx2 if right else lx1 - px1
                 dy = py2 - ly2 if bottom else ly1 - py1
                 if dx <= near_x and dy <= near_y:
-                    cost = (dx + dy) / lh + (0.0 if not (right or bottom) else 0.5)
+                    cost = (dx + dy) / lh + (0.0 if not (right or bottom) else 1.0)
                     best = cost if best is None else min(best, cost)
         return best
     reach = max(6.0 * lh, 0.25 * min(pw, ph))
