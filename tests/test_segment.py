@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cv2
 import matplotlib
 import numpy as np
 import pytest
@@ -912,3 +913,18 @@ def test_an_image_beside_a_table_does_not_stop_its_label_heading_it() -> None:
     assert segment._text_block_under(label, parts, major, 8.0) == list(range(len(rows)))
     # a small word there is a cell of the label's row
     assert segment._text_block_under(label, [*rows, (198, 4, 240, 20)], [False] * (len(rows) + 1), 8.0) == []
+
+
+def test_a_rule_ending_left_of_a_label_does_not_hide_it() -> None:
+    # a table's top rule ends 3 px left of the next panel's label "c": a straight line is no
+    # word that the label would continue
+    image = labelled_canvas(400, 120, [(203, 2, "c")], 20)
+    image[14:16, 20:200] = 0  # the rule, level with the label
+    mask = ink_mask(image).astype(np.uint8)
+    _, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    words = segment._label_candidates(mask, labels, stats, 8.0).words
+    assert any(box[0] >= 200 for box, _ in words)
+    image[10:18, 196:200] = 0  # a blob there (the end of a word) still hides it
+    mask = ink_mask(image).astype(np.uint8)
+    _, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    assert not any(box[0] >= 200 for box, _ in segment._label_candidates(mask, labels, stats, 8.0).words)

@@ -289,16 +289,19 @@ def _label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray
     area = stats[:, 4]
     # solid images: a label may sit right beside one (narrow gutters) without being text
     solid = (h > hmax) & (w > hmax) & (area >= 0.6 * w * h)
+    # a straight rule (a table's or a frame's edge) ending beside a label is no word before it
+    rule = ((w >= 4 * hmax) & (h <= 3)) | ((h >= 4 * hmax) & (w <= 3))
 
-    def foreign(x1: int, y1: int, x2: int, y2: int, members: list[int]) -> int:
-        """Ink in the window that is neither the group's own nor a solid image beside it."""
+    def foreign(x1: int, y1: int, x2: int, y2: int, members: list[int], rules: bool = False) -> int:
+        """Ink in the window that is neither the group's own nor a solid image beside it (nor,
+        with ``rules``, a straight line)."""
         x1, y1, x2, y2 = max(0, x1), max(0, y1), min(width, x2), min(height, y2)
         total = _window_sum(integral, x1, y1, x2, y2)
         if total == 0:
             return 0
         window = labels[y1:y2, x1:x2]
         ids_here = np.unique(window)
-        ignore = [int(j) for j in ids_here if j and (int(j) in members or solid[j])]
+        ignore = [int(j) for j in ids_here if j and (int(j) in members or solid[j] or (rules and rule[j]))]
         if not ignore:
             return total
         return total - int(np.isin(window, ignore).sum())
@@ -310,7 +313,7 @@ def _label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray
         gh = gy2 - gy1
         margin = max(2, round(0.45 * gh), round(0.6 * u))
         # nothing to the left (same rows)
-        if foreign(gx1 - margin, gy1, gx1, gy2, [cid]) > 0:
+        if foreign(gx1 - margin, gy1, gx1, gy2, [cid], rules=True) > 0:
             continue
         members = [cid, *dots(cid, gh)]
         bx1, bx2, by2 = gx1, gx2, gy2
