@@ -1693,6 +1693,11 @@ def _scale_bars(panel: _Panel) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def _on_scale_bar(glyph: tuple[float, ...], bars: list[tuple[int, int, int, int]]) -> bool:
+    """The glyph lies mostly on a scale bar or its text (of ``_scale_bars``)."""
+    return any(_overlap_frac(glyph, bar) > 0.5 for bar in bars)
+
+
 def _overlap_frac(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     w = min(a[2], b[2]) - max(a[0], b[0])
     h = min(a[3], b[3]) - max(a[1], b[1])
@@ -2063,9 +2068,7 @@ def _rule_cands(panel: _Panel, *, glyphs_only: bool = False) -> list[_Cand]:
 
     bars = _scale_bars(panel)
     if bars:
-        cands = [
-            c for c in cands if c.kind == "inset" or not any(_overlap_frac(c.glyph, b) > 0.5 for b in bars)
-        ]
+        cands = [c for c in cands if c.kind == "inset" or not _on_scale_bar(c.glyph, bars)]
     edges: list[tuple[float, float, float, float]] = [
         (0.0, 0.0, float(w), 0.0),
         (0.0, float(h), float(w), float(h)),
@@ -2170,7 +2173,7 @@ def detect_markers(
                 for c in cands
                 if c.kind == "inset"
                 or any(c is r for r in rules)
-                or not any(_overlap_frac(_scaled(c, back_x, back_y).glyph, b) > 0.5 for b in bars)
+                or not _on_scale_bar(_scaled(c, back_x, back_y).glyph, bars)
             ]
 
     markers: list[Marker] = []
