@@ -1173,7 +1173,6 @@ class _RowMinima:
     def __init__(self, matrix: np.ndarray) -> None:
         self.arg = np.argmin(matrix, axis=1)
         self.value = matrix[np.arange(matrix.shape[0]), self.arg]
-        self.rescans = 0  # rows searched again after a merge (work beyond the linear updates)
 
     def closest(self) -> tuple[int, int]:
         i = int(np.argmin(self.value))
@@ -1202,7 +1201,6 @@ class _RowMinima:
         self.arg[better] = keep
         for r in np.flatnonzero(stale):
             self.set_row(int(r), row_of(int(r)))
-            self.rescans += 1
 
 
 # --------------------------------------------------------------------------------------------
