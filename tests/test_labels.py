@@ -29,6 +29,17 @@ def panel(box: tuple[float, float, float, float]) -> PanelCandidate:
     return PanelCandidate(box=box, confidence=0.9)
 
 
+def recogniser_input(pil: Image.Image) -> np.ndarray:
+    """The recogniser's input for a label printed black on white in ``pil``: its ink's box,
+    prepared as the OCR stage prepares a crop."""
+    from p2p.mining.cpu.labels import _prepare_crop
+
+    grey = np.asarray(pil)
+    ys, xs = np.nonzero(grey < 128)
+    box = (int(xs.min()) - 1, int(ys.min()) - 1, int(xs.max()) + 2, int(ys.max()) + 2)
+    return _prepare_crop(grey, None, box, invert=False)
+
+
 def detection(text: str, box: tuple[float, float, float, float], confidence: float = 0.9) -> LabelDetection:
     return LabelDetection(text=text, box=box, confidence=confidence, raw=text)
 
@@ -432,16 +443,13 @@ def test_ocr_reads_small_downscaled_parenthesised_labels_on_grey_images() -> Non
 def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
     """The recogniser merges repeated i's ("iii" -> "i"); the glyph shapes in the crop give the
     count back."""
-    from p2p.mining.cpu.labels import _count_strokes, _prepare_crop
+    from p2p.mining.cpu.labels import _count_strokes
 
     def crop_of(text: str, face: str = "DejaVuSerif.ttf") -> np.ndarray:
         """The recogniser's input for a printed label: glyphs scaled to one height, gaps opened."""
         pil = Image.new("L", (90, 32), 255)
         ImageDraw.Draw(pil).text((4, 4), text, fill=0, font=font(20, face))
-        grey = np.asarray(pil)
-        ys, xs = np.nonzero(grey < 128)
-        box = (int(xs.min()) - 1, int(ys.min()) - 1, int(xs.max()) + 2, int(ys.max()) + 2)
-        return _prepare_crop(grey, None, box, invert=False)
+        return recogniser_input(pil)
 
     assert _count_strokes(crop_of("iii"), "i", "i") == "iii"
     assert _count_strokes(crop_of("v i i i"), "vi", "vi") == "viii"
@@ -579,7 +587,7 @@ def test_figure_number_labels_and_digits_are_one_kind() -> None:
 def test_numeral_i_s_joined_by_their_serifs_are_counted_from_the_dots() -> None:
     """Bold serif "iii" set tight: the serifs join the stems into one shape; the dots still
     stand apart and give the count."""
-    from p2p.mining.cpu.labels import _count_strokes, _prepare_crop
+    from p2p.mining.cpu.labels import _count_strokes
 
     def tight(text: str) -> np.ndarray:
         pil = Image.new("L", (120, 32), 255)
@@ -587,10 +595,7 @@ def test_numeral_i_s_joined_by_their_serifs_are_counted_from_the_dots() -> None:
         for ch in text:
             draw.text((x, 4), ch, fill=0, font=face)
             x += 6 if ch == "i" else face.getlength(ch) - 1
-        grey = np.asarray(pil)
-        ys, xs = np.nonzero(grey < 128)
-        box = (int(xs.min()) - 1, int(ys.min()) - 1, int(xs.max()) + 2, int(ys.max()) + 2)
-        return _prepare_crop(grey, None, box, invert=False)
+        return recogniser_input(pil)
 
     assert _count_strokes(tight("(iii)"), "(ii)", "ii") == "iii"
     assert _count_strokes(tight("iii"), "i", "i") == "iii"
