@@ -615,3 +615,28 @@ def test_a_label_in_the_top_left_corner_beats_one_in_another_corner() -> None:
         detection("i", (8, 8, 14, 26), 0.85),
     ]
     assert assign_labels(panels, dets) == ["i", "ii", "iii", "iv"]
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [("(I)", "DejaVuSans-Bold.ttf"), ("(J)", "STIXGeneralBol.ttf"), ("(J)", "DejaVuSans.ttf")],
+)
+def test_a_thin_letter_between_parentheses_is_read_alone(text: str, name: str) -> None:
+    """The recogniser swallows a thin letter between parentheses ("(I)" -> "()", "(J)" -> "(D"):
+    the letter is read again without them (its parentheses kept in the raw reading)."""
+    from p2p.mining.cpu.labels import _Candidate, _engine, _read
+
+    pil = Image.new("L", (140, 60), 255)
+    ImageDraw.Draw(pil).text((5, 3), text, font=font(28, name), fill=0)
+    crop = recogniser_input(pil)
+    [(_, det)] = _read(_engine(), [_Candidate(box=(5, 3, 50, 35), crop=crop, panel=0, prior=0.9)])
+    assert (det.text, det.raw) == (text[1], text)
+
+
+def test_thin_letters_are_no_parentheses() -> None:
+    from p2p.mining.cpu.labels import _without_parentheses
+
+    for text in ("II", "(A"):
+        pil = Image.new("L", (140, 60), 255)
+        ImageDraw.Draw(pil).text((5, 3), text, font=font(28, "DejaVuSerif-Bold.ttf"), fill=0)
+        assert _without_parentheses(recogniser_input(pil)) is None

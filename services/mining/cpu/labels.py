@@ -258,15 +258,65 @@ def _prepare_crop(
     # with the ground laid white, any grey left is glyph: a thin junction ("d" at 12 px) stays ink
     if spread:
         patch = _spread(patch, 250.0 if keep is not None and cores else 160.0)
+    return _fit(patch, height)
+
+
+def _fit(patch: np.ndarray, height: int) -> np.ndarray:
+    """``patch`` scaled to ``height`` (thin glyphs widened) on the recogniser's white canvas."""
     h, w = patch.shape
     scale = height / max(1, h)
     new_w = max(MIN_GLYPH_WIDTH, round(w * scale))
-    resized = cv2.resize(patch, (new_w, height), interpolation=cv2.INTER_CUBIC)
+    resized = cv2.resize(patch.astype(np.float32), (new_w, height), interpolation=cv2.INTER_CUBIC)
     pad_y = (REC_HEIGHT - height) // 2
     pad_x = pad_y
     canvas = np.full((REC_HEIGHT, max(REC_HEIGHT, new_w + 2 * pad_x)), 255.0, dtype=np.float32)
     canvas[pad_y : pad_y + height, pad_x : pad_x + new_w] = resized
     return np.clip(canvas, 0, 255).astype(np.uint8)
+
+
+def _without_parentheses(crop: np.ndarray) -> np.ndarray | None:
+    """The glyphs between the parentheses of a prepared crop ("(I)" -> "I"), scaled to the glyph
+    height; None when the crop's outermost shapes are not a pair of parentheses round them.
+
+    The recogniser swallows a thin letter between parentheses ("(I)" is read "()", "(J)" "(D"):
+    alone, the letter is read. Parentheses are told from thin letters ("II", "l1") by their
+    curve: the middle of a "(" lies left of its ends, of a ")" right of them."""
+    # the strokes' grey rims join a parenthesis to a serif or hook beside it: darker cuts part them
+    for ink in (128, 80, 50):
+        inner = _between_parentheses(crop, ink)
+        if inner is not None:
+            return inner
+    return None
+
+
+def _between_parentheses(crop: np.ndarray, ink: int) -> np.ndarray | None:
+    _, comp, stats, _ = cv2.connectedComponentsWithStats((crop < ink).astype(np.uint8), connectivity=8)
+    shapes = sorted((k for k in range(1, stats.shape[0]) if stats[k, 4] >= 3), key=lambda k: stats[k, 0])
+    if len(shapes) < 3:
+        return None
+    first, last, inner = shapes[0], shapes[-1], shapes[1:-1]
+    ix1 = min(int(stats[k, 0]) for k in inner)
+    iy1 = min(int(stats[k, 1]) for k in inner)
+    ix2 = max(int(stats[k, 0] + stats[k, 2]) for k in inner)
+    iy2 = max(int(stats[k, 1] + stats[k, 3]) for k in inner)
+    for k, sign in ((first, 1.0), (last, -1.0)):
+        x, y, w, h = (int(v) for v in stats[k, :4])
+        # as tall as the glyphs between them, about level with them ("J" may hang below)
+        slack = 0.25 * (iy2 - iy1)
+        if w > 0.5 * h or h < 0.8 * (iy2 - iy1) or y > iy1 + slack or y + h < iy2 - slack:
+            return None
+        if (k == first and x + w > ix1) or (k == last and x < ix2):
+            return None
+        ys, xs = np.nonzero(comp[y : y + h, x : x + w] == k)
+        third = h / 3.0
+        bands = [xs[(ys >= lo) & (ys < lo + third)] for lo in (0.0, third, 2.0 * third)]
+        if any(band.size == 0 for band in bands):
+            return None
+        ends, middle = 0.5 * (bands[0].mean() + bands[2].mean()), bands[1].mean()
+        if sign * (ends - middle) < max(0.6, 0.12 * w):
+            return None
+    patch = crop[max(0, iy1 - 1) : iy2 + 1, max(0, ix1 - 1) : ix2 + 1]
+    return _fit(patch, GLYPH_HEIGHT)
 
 
 def _glyph_strokes(patch: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, float]:
@@ -721,13 +771,30 @@ def _settle_case(detections: list[LabelDetection]) -> list[LabelDetection]:
 def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDetection]]:
     if not candidates:
         return []
+    inners = {
+        i: inner for i, c in enumerate(candidates) if (inner := _without_parentheses(c.crop)) is not None
+    }
     readings = engine.read([c.crop for c in candidates])
+    # in a batch of their own: padded out to a wider crop's width, lone thin letters read worse
+    inner_readings = dict(zip(inners, engine.read(list(inners.values())), strict=True))
     out: list[tuple[int, LabelDetection]] = []
     seen: set[tuple[int, int, int, int]] = set()
-    for cand, (raw, score) in zip(candidates, readings, strict=True):
+    for i, (cand, (raw, score)) in enumerate(zip(candidates, readings, strict=True)):
         text = normalize_label(raw)
         if text is not None:
             text = _count_strokes(cand.crop, raw, text)
+        if i in inner_readings:
+            # the glyphs read alone, when they read as a label more surely than with their
+            # parentheses (the recogniser swallows thin letters between parentheses, "(I)" ->
+            # "()", or reads them as others, "(J)" -> "(D"); the same label read both ways
+            # keeps the surer score
+            inner_raw, inner_score = inner_readings[i]
+            inner_text = normalize_label(inner_raw)
+            if text is not None and inner_text is not None and text.casefold() == inner_text.casefold():
+                inner_score = max(score, inner_score)
+            if inner_text is not None and inner_score >= MIN_SCORE and (text is None or inner_score >= score):
+                text = _count_strokes(inners[i], inner_raw, inner_text)
+                raw, score = f"({inner_raw})", inner_score
         if text is None or score < MIN_SCORE or cand.box in seen:
             continue
         x1, y1, x2, y2 = cand.box
