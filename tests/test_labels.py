@@ -640,3 +640,28 @@ def test_thin_letters_are_no_parentheses() -> None:
         pil = Image.new("L", (140, 60), 255)
         ImageDraw.Draw(pil).text((5, 3), text, font=font(28, "DejaVuSerif-Bold.ttf"), fill=0)
         assert _without_parentheses(recogniser_input(pil)) is None
+
+
+@pytest.mark.parametrize("size", [20, 28])
+def test_a_lone_capital_i_scores_as_a_thin_stroke(size: int) -> None:
+    """The recogniser splits a lone stroke's probability among "I", "l", "1" and "|": the score
+    of the reading is that of the shape, which the series settles."""
+    from p2p.mining.cpu.labels import STRONG_SCORE, _engine
+
+    pil = Image.new("L", (80, 60), 255)
+    ImageDraw.Draw(pil).text((5, 3), "I", font=font(size), fill=0)
+    [(text, score)] = _engine().read([recogniser_input(pil)])
+    assert text == "I" and score >= STRONG_SCORE
+
+
+def test_a_lone_stroke_where_the_series_expects_another_letter_gives_way() -> None:
+    """A blurred "F" decays into a bar the recogniser reads "I": between confirmed labels of a
+    series the readings' order follows, the series' label stands; the stroke does not count
+    against that order."""
+    panels = [panel((10.0 + 130 * k, 30.0, 130.0 * (k + 1), 160.0)) for k in range(3)]
+    dets = [
+        detection("D", (2, 13, 19, 29), 0.97),
+        detection("E", (126, 13, 143, 29), 0.70),
+        detection("I", (250, 13, 267, 29), 0.64),
+    ]
+    assert assign_labels(panels, dets) == ["D", "E", "F"]

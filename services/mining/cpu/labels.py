@@ -98,6 +98,11 @@ _CONFUSIONS: dict[str, str] = {
     "E": "EF",  # small serif capitals on a dark plate: the lower bar of "E" is a blur away
     "F": "FE",
 }
+# lone letters whose score is that of their shape: the recogniser splits a lone stroke's
+# probability among "I", "l", "1" and "|" (and "J" with "j"), which the series and the glyphs'
+# sizes tell apart, not the recogniser; a correct "(I)" read alone scores 0.2-0.4. Not "1" and
+# "i": broken pieces and dots of small numerals read so, and would outweigh the numerals' series.
+_SHARED_SCORE = "Il|J"
 for _c in "cCkKoOpPsSuUvVwWxXyYzZ":
     _CONFUSIONS.setdefault(_c, _c)
     if _c.swapcase() not in _CONFUSIONS[_c]:
@@ -143,6 +148,7 @@ class _Ocr:
         self.characters = characters
         allowed = [i for i, c in enumerate(characters) if c in _LABEL_ALPHABET]
         self.allowed = np.array([0, *allowed], dtype=np.int64)  # 0 = CTC blank
+        self.column = {characters[int(k)]: j for j, k in enumerate(self.allowed) if j > 0}
         self.lock = threading.Lock()
 
     def read(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
@@ -177,8 +183,17 @@ class _Ocr:
                     t = int(sub[row, :, 1:].max(axis=1).argmax())
                     k = int(sub[row, t, 1:].argmax()) + 1
                     text, scores = [self.characters[int(self.allowed[k])]], [float(sub[row, t, k])]
+                if _lone_stroke("".join(text)) and _narrow_ink(crops[i]):
+                    scores = [self._shape_score(sub[row], text[0])]
                 results[i] = ("".join(text), float(np.mean(scores)))
         return results
+
+    def _shape_score(self, probs: np.ndarray, char: str) -> float:
+        """How surely a lone glyph is ``char`` or one of the glyphs it is confused with."""
+        columns = [self.column[c] for c in _CONFUSIONS.get(char, char) if c in self.column]
+        own = self.column[char]
+        t = int(probs[:, own].argmax())
+        return float(min(1.0, probs[t, columns].sum()))
 
     def detect(self, crop_rgb: np.ndarray) -> list[tuple[int, int, int, int]]:
         """Axis-aligned text boxes found by the DB detector in a small RGB crop."""
@@ -191,6 +206,17 @@ class _Ocr:
             xs, ys = quad[:, 0], quad[:, 1]
             out.append((int(xs.min()), int(ys.min()), int(np.ceil(xs.max())), int(np.ceil(ys.max()))))
         return out
+
+
+def _lone_stroke(text: str) -> bool:
+    return len(text) == 1 and text in _SHARED_SCORE
+
+
+def _narrow_ink(crop: np.ndarray) -> bool:
+    """Whether the ink of a crop is a narrow shape (at most 0.7 as wide as tall), as a lone "I",
+    "l" or "J" is, even widened; a blurred "F" read as "I" is not."""
+    ys, xs = np.nonzero(crop < 128)
+    return bool(xs.size) and xs.max() - xs.min() + 1 <= 0.7 * (ys.max() - ys.min() + 1)
 
 
 _ENGINE: _Ocr | None = None
@@ -1183,8 +1209,24 @@ def _repair_sequence(
     # No candidate order may explain a layout (panels labelled in an order no gutter shows): then
     # a clear reading that is itself a label of the series stays, whatever its rank expects;
     # not roman numerals, whose i's OCR merges or drops into other numerals of the series.
-    agree = sum(expected_at(positions[pi]) == text for pi, text in strong.items())
-    order_trusted = main == "roman" or agree >= 0.75 * len(strong)
+    # Lone strokes do not vote: a blurred letter decays into one.
+    solid = {pi: text for pi, text in strong.items() if not _lone_stroke(text)}
+    agree = sum(expected_at(positions[pi]) == text for pi, text in solid.items())
+    order_trusted = main == "roman" or agree >= 0.75 * len(solid)
+
+    def stroke_in_series(rank: int) -> bool:
+        """A lone stroke ("I", "l") read where the trusted series expects another letter, between
+        confirmed neighbours: what a blurred letter decays into, not a label out of order."""
+        reading = texts.get(order[rank])
+        return (
+            order_trusted
+            and reading is not None
+            and _lone_stroke(reading)
+            and expected_at(rank) is not None
+            and confirmed(rank - 1)
+            and confirmed(rank + 1)
+        )
+
     members = set(series)
     for rank, pi in enumerate(order):
         expected = expected_at(rank)
@@ -1192,7 +1234,7 @@ def _repair_sequence(
         keep = not order_trusted and pi in strong and reading in members
         if pi in fitting and expected is not None and not keep:
             fixed[pi] = expected
-        elif reading is not None and pi in strong and _in_style(reading, main):
+        elif reading is not None and pi in strong and _in_style(reading, main) and not stroke_in_series(rank):
             # a clear reading that no confusion at its rank explains: trust it, in the series'
             # style when it has one ("c" in an upper-case series whose ranks are off); one in
             # no way of the series' style ("40", "R" among roman numerals) is text beside the
