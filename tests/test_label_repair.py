@@ -61,3 +61,10 @@ def test_only_misreadings_and_as_many_panels_as_labels() -> None:
     # counts that differ, or a caption read as position words: nothing to go by
     assert repair_with_caption(["e", "f"], ["a", "b", "c"]) == ["e", "f"]
     assert repair_with_caption(["e", "f"], ["left", "right"]) == ["e", "f"]
+
+
+def test_only_letters_whose_cases_look_alike_are_taken_for_the_other_case() -> None:
+    # "e" is a misread "C", not a lower-case "E": taken for E it would push the E and D read
+    # after it out of the order
+    read = ["A", "B", None, None, "e", "D", "E", "F"]
+    assert repair_with_caption(read, list("ABCDEFG")) == read

@@ -7,7 +7,8 @@ row), so nothing is filled across an anchor pair whose panel gap and label gap d
 reading that is not in the caption, repeats a label, or breaks the order of its neighbours is
 replaced only when the gap it sits in is filled.
 
-A reading the caption names only in the other case ("c" for C) is the caption's label. When no
+A reading the caption names only in the other case ("c" for C) is the caption's label, for
+letters whose cases look alike (not "e" for E: that is more often a misread "C"). When no
 reading is a caption label at all (all misread) and the figure has as many panels as the caption
 has labels, the caption's labels go to the panels in reading order.
 """
@@ -16,6 +17,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+
+# letters whose two cases differ mostly in size: "e" is no misread "E", but often one of "C"
+_LOOK_ALIKE = frozenset("cCkKoOpPsSuUvVwWxXyYzZ")
 
 
 def _increasing_anchors(points: list[tuple[int, int]]) -> set[int]:
@@ -54,7 +58,10 @@ def repair_with_caption(labels: Sequence[str | None], sequence: Sequence[str]) -
         folded.setdefault(name.casefold(), []).append(name)
     out = [
         label
-        if label is None or label in where or len(folded.get(label.casefold(), [])) != 1
+        if label is None
+        or label in where
+        or label not in _LOOK_ALIKE
+        or len(folded.get(label.casefold(), [])) != 1
         else folded[label.casefold()][0]
         for label in out
     ]
