@@ -1,6 +1,7 @@
 """The learned marker detector: decoding of its outputs, the shipped weights (loading, errors,
-what they find on a generated figure of a seed not used in training), the fusion with the
-rule-based detector and the training entry point (a CPU smoke run on tiny generated figures)."""
+what they find on a generated figure of a seed not used in training), the learned fusion with
+the rule-based detector (features, trees, choice) and the training entry points (CPU smoke runs
+on tiny generated figures)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,29 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from p2p.mining.cpu import marker_net
+from p2p.mining.cpu import markers as markers_module
 from p2p.mining.cpu.marker_net import (
     KINDS,
     N_OUT,
     STRIDE,
     MarkerNet,
     MarkerNetError,
+    TreeEnsemble,
     decode,
     encode_targets,
+    load_fusion,
     load_weights,
+    save_fusion,
     save_weights,
 )
-from p2p.mining.cpu.markers import detect_markers
+from p2p.mining.cpu.markers import FUSION_FEATURES, detect_markers
 
 MARKERS = [
     {
@@ -56,6 +62,21 @@ def _as_output(markers: list[dict], h: int, w: int) -> np.ndarray:
     """A perfect network output for ``markers``: the encoded targets themselves."""
     heat, reg, _, _ = encode_targets(markers, h, w)
     return np.concatenate([heat, reg], axis=0)
+
+
+def _stump(name: str, at: float) -> TreeEnsemble:
+    """A fusion model of one split: probability ~1 where feature ``name`` exceeds ``at``, ~0
+    elsewhere."""
+    return TreeEnsemble(
+        feature=np.array([[FUSION_FEATURES.index(name), 0, 0]]),
+        threshold=np.array([[at, np.inf, np.inf]]),
+        left=np.array([[1, 1, 2]]),
+        right=np.array([[2, 1, 2]]),
+        value=np.array([[0.0, -20.0, 20.0]]),
+        baseline=0.0,
+        depth=1,
+        names=FUSION_FEATURES,
+    )
 
 
 def test_decode_inverts_the_targets():
@@ -113,6 +134,7 @@ def test_network_markers_come_back_in_figure_pixels(monkeypatch):
 
     monkeypatch.setattr(marker_net, "run_net", fake_run)
     monkeypatch.setattr(marker_net, "shipped_net", lambda: None)
+    monkeypatch.setattr(marker_net, "shipped_fusion", lambda: _stump("score", 0.5))
     found = detect_markers(figure, (100.0, 50.0, 260.0, 178.0))
     assert len(found) == 1
     m = found[0]
@@ -254,42 +276,6 @@ def test_batchnorm_folding_keeps_the_output():
     assert torch.allclose(before, after, atol=1e-4)
 
 
-def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones(monkeypatch):
-    from p2p.mining.cpu import markers as rules_module
-    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
-
-    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
-    confirmed = _Cand("star", (40, 40, 50, 50), (45.0, 45.0), 0.5)
-    unconfirmed = _Cand("star", (200, 150, 210, 160), (205.0, 155.0), 0.5)
-    sure = _Cand("box", (100, 20, 160, 60), (130.0, 40.0), 0.95, region=(100.0, 20.0, 160.0, 60.0))
-    inset = _Cand("inset", (220, 0, 300, 60), (260.0, 30.0), 0.5, region=(220.0, 0.0, 300.0, 60.0))
-    net = [
-        _Cand("star", (41, 41, 49, 49), (45.0, 46.0), 0.15, region=(35.0, 35.0, 55.0, 55.0)),
-        _Cand(
-            "arrow", (20, 150, 40, 170), (40.0, 170.0), 0.6, region=(40.0, 165.0, 60.0, 190.0), direction=45.0
-        ),
-        _Cand("arrow", (240, 150, 260, 170), (260.0, 170.0), 0.3, region=(260.0, 165.0, 280.0, 190.0)),
-        _Cand("box", (101, 21, 159, 59), (131.0, 41.0), 0.9, region=(101.0, 21.0, 159.0, 59.0)),
-    ]
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: net)
-    ring = _Cand("circle", (150, 150, 170, 170), (160.0, 160.0), 0.75, region=(150.0, 150.0, 170.0, 170.0))
-    fused = _fuse_net(panel, [confirmed, unconfirmed, sure, inset, ring], rules_module.NET_THRESHOLDS)
-    # The unsupported star is gone; a ring of that score is trusted without the network.
-    assert fused[:4] == [confirmed, sure, inset, ring]
-    assert fused[4:] == [net[1]]  # the weak arrow stays out; the box is the rules' own
-
-
-def test_two_network_peaks_on_one_glyph_make_one_marker(monkeypatch):
-    from p2p.mining.cpu import markers as rules_module
-    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
-
-    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
-    first = _Cand("arrowhead", (80, 60, 92, 74), (90.0, 72.0), 0.5, region=(85.0, 68.0, 110.0, 95.0))
-    second = _Cand("arrowhead", (81, 66, 93, 78), (91.0, 77.0), 0.4, region=(86.0, 73.0, 111.0, 100.0))
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: [first, second])
-    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == [first]
-
-
 def test_the_network_runs_on_one_thread_and_leaves_the_setting_as_it_was():
     seen: list[int] = []
 
@@ -308,11 +294,226 @@ def test_the_network_runs_on_one_thread_and_leaves_the_setting_as_it_was():
         torch.set_num_threads(before)
 
 
-def test_a_crowd_of_network_peaks_of_one_kind_is_texture(monkeypatch):
-    from p2p.mining.cpu import markers as rules_module
-    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
+def test_fusion_trees_give_scikit_learns_probabilities():
+    """The trees exported from scikit-learn, walked with numpy, give its probabilities."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    from p2p.mining.cpu import train_marker_net as tm
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(300, len(FUSION_FEATURES)))
+    y = (x[:, 1] + 0.5 * x[:, 3] * x[:, 5] + 0.3 * rng.normal(size=300)) > 0.2
+    model = tm.fit_fusion(x, y)
+    reference = HistGradientBoostingClassifier(**tm.FUSION_TREES, random_state=0).fit(x, y)
+    test = rng.normal(size=(50, len(FUSION_FEATURES)))
+    assert model.probability(test) == pytest.approx(reference.predict_proba(test)[:, 1], abs=1e-9)
+    assert model.names == FUSION_FEATURES
+    assert model.probability(np.zeros((0, len(FUSION_FEATURES)))).shape == (0,)
+    with pytest.raises(ValueError):
+        model.probability(np.zeros((2, 3)))
+
+
+def test_fusion_model_is_stored_beside_the_network(tmp_path):
+    path = tmp_path / "w.pt"
+    net = MarkerNet()
+    save_weights(net, path, {"note": 1})
+    with pytest.raises(MarkerNetError, match=r"w\.pt"):
+        load_fusion(path)  # network weights without a fusion model
+    with pytest.raises(MarkerNetError, match=r"nothing\.pt"):
+        load_fusion(tmp_path / "nothing.pt")
+    stump = _stump("heat_own", 0.25)
+    save_fusion(stump, path)
+    back = load_fusion(path)
+    x = np.zeros((3, len(FUSION_FEATURES)))
+    x[:, FUSION_FEATURES.index("heat_own")] = [0.1, 0.25, 0.5]
+    assert back.probability(x) == pytest.approx(stump.probability(x))
+    assert back.probability(x) == pytest.approx([0.0, 0.0, 1.0], abs=1e-6)
+    assert back.names == FUSION_FEATURES
+    loaded = load_weights(path).state_dict()  # the network is still there, unchanged
+    fused = MarkerNet()
+    fused.load_state_dict(net.state_dict())
+    fused.eval()
+    marker_net.fuse_batchnorm(fused)
+    assert all(torch.equal(loaded[k], v) for k, v in fused.state_dict().items())
+    assert marker_net.shipped_fusion().names == FUSION_FEATURES
+
+
+def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the_levels_drop():
+    """The hand-set fusion's choice stands but where the fusion model is sure: a marker kept on
+    the network's word goes below ``_VETO``, one the levels drop comes back at ``_RESCUE``; a
+    rule-based marker the rules are sure of stays. One marker per glyph, the levels' first."""
+    from dataclasses import replace
+
+    from p2p.mining.cpu.markers import _RESCUE, _VETO, _Cand, _choose, _Found, _Panel
+
+    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+    sure = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
+    middling = _Cand("star", (100, 100, 110, 110), (105.0, 105.0), 0.6)  # kept: a peak is on it
+    peak = _Cand("star", (101, 101, 109, 109), (105.0, 106.0), 0.15, region=(95.0, 95.0, 115.0, 115.0))
+    strong = _Cand("box", (150, 20, 210, 80), (180.0, 50.0), 0.5, region=(150.0, 20.0, 210.0, 80.0))
+    weak = _Cand("arrowhead", (240, 150, 252, 162), (250.0, 160.0), 0.2, region=(250.0, 155.0, 270.0, 175.0))
+    rules, net = [sure, middling], [peak, strong, weak]
+    found = _Found(panel, panel, rules, net, None)
+    cands = rules + net
+    assert _hand([sure, middling], net, (200, 300)) == [sure, middling, strong]
+
+    def chosen(*p: float) -> list:
+        return _choose(found, cands, np.array(p))
+
+    assert chosen(0.5, 0.5, 0.5, 0.5, 0.5) == [sure, middling, strong]
+    low = _VETO - 0.01
+    assert chosen(low, low, 0.5, low, 0.5) == [sure]  # vetoed: the middling star and the network's box
+    assert chosen(low, low, 0.5, low, _RESCUE) == [sure, weak]  # rescued: the weak peak
+    # Rescued, but on the glyph of a kept marker: one marker.
+    assert chosen(0.5, 0.5, _RESCUE, 0.5, 0.5) == [sure, middling, strong]
+    # A marker only the enlarged copy shows is the network's word too.
+    found.rules[0] = enlarged = replace(sure, enlarged=True)
+    assert _choose(found, [enlarged, middling, *net], np.array([low, 0.5, 0.5, 0.5, 0.5])) == [
+        middling,
+        strong,
+    ]
+
+
+def test_a_rescued_candidate_needs_room_and_no_crowd_of_its_kind():
+    """The model's rescue adds a candidate as the levels add the network's: not where a chosen
+    marker explains it (ahead of an arrow's tip) and not among a crowd of peaks of its kind."""
+    from p2p.mining.cpu.markers import _NET_CROWD, _RESCUE, _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 400, 3), 128, np.uint8))
+    arrow = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
+    ahead = _Cand("arrowhead", (66, 40, 76, 50), (71.0, 45.0), 0.2, region=(71.0, 40.0, 90.0, 55.0))
+    alone = _Cand("arrowhead", (300, 150, 310, 160), (305.0, 155.0), 0.2, region=(305.0, 150.0, 325.0, 170.0))
+    found = _Found(panel, panel, [arrow], [ahead, alone], None)
+    chosen = _choose(found, [arrow, ahead, alone], np.array([0.9, _RESCUE, _RESCUE]))
+    assert chosen == [arrow, alone]
+
+    def star(i: int, score: float) -> _Cand:
+        x = 20.0 + 40.0 * i
+        return _Cand(
+            "star", (int(x) - 4, 96, int(x) + 4, 104), (x, 100.0), score, region=(x - 8, 92.0, x + 8, 108.0)
+        )
+
+    weak = star(0, 0.2)
+    for n, expected in ((_NET_CROWD, [weak]), (_NET_CROWD + 1, [])):
+        net = [weak] + [star(i + 1, 0.6) for i in range(n)]
+        found = _Found(panel, panel, [], net, None)
+        probability = np.array([_RESCUE] + [0.0] * n)  # the strong stars vetoed, the weak one rescued
+        assert _choose(found, net, probability) == expected
+
+
+def test_fusion_features_measure_the_candidates_against_the_network(monkeypatch):
+    from p2p.mining.cpu.markers import _Cand, _Found, _Panel, fusion_features
+
+    panel = _Panel(np.full((128, 160, 3), 128, np.uint8))
+    heat = np.zeros((len(KINDS), 32, 40), np.float32)
+    heat[KINDS.index("star"), 10, 12] = 0.7  # on the rule's star (pixels 48-51, 40-43)
+    heat[KINDS.index("arrow"), 30, 38] = 0.2  # far from it
+    rule = _Cand("star", (44, 36, 54, 46), (49.0, 41.0), 0.9)
+    other = _Cand("star", (120, 100, 126, 106), (123.0, 103.0), 0.8)
+    peak = _Cand("star", (45, 37, 53, 45), (49.0, 42.0), 0.7, region=(40.0, 30.0, 60.0, 50.0))
+    found = _Found(panel, panel, [rule, other], [peak], heat)
+    cands, rows = fusion_features(found)
+    assert cands == [rule, other, peak]
+    assert rows.shape == (3, len(FUSION_FEATURES))
+    col = {name: rows[:, i] for i, name in enumerate(FUSION_FEATURES)}
+    assert list(col["rule"]) == [1.0, 1.0, 0.0]
+    assert col["heat_star"][0] == pytest.approx(0.7) and col["heat_own"][0] == pytest.approx(0.7)
+    assert col["heat_star"][1] == 0.0 and col["heat_arrow"].max() == 0.0
+    assert col["other_net"][0] == pytest.approx(0.7) and col["other_net"][1] == 0.0
+    assert col["other_rule"][2] == pytest.approx(0.9) and col["other_rule"][0] == 0.0
+    assert list(col["crowd"]) == [2.0, 2.0, 1.0]  # two rule stars alike, one network star
+    assert list(col["is_star"]) == [1.0, 1.0, 1.0]
+    assert col["log_side"][0] == pytest.approx(np.log(128))
+
+
+def test_detection_asks_the_fusion_model(monkeypatch):
+    """An asterisk the network sees and a rule-based arrow the rules are sure of: the model can
+    veto the network's asterisk, not the arrow."""
+    from p2p.mining.cpu.markers import _Cand
+
+    asterisk: dict[str, Any] = {
+        "kind": "asterisk",
+        "point": (60.0, 60.0),
+        "target": (50.0, 50.0, 70.0, 70.0),
+        "glyph": (56.0, 56.0, 65.0, 65.0),
+        "direction": None,
+    }
+    arrow = _Cand("arrow", (100, 90, 130, 100), (130.0, 95.0), 0.95, direction=0.0, size=30.0)
+    monkeypatch.setattr(marker_net, "run_net", lambda net, rgb: _as_output([asterisk], 128, 160))
+    monkeypatch.setattr(marker_net, "shipped_net", lambda: None)
+    monkeypatch.setattr(
+        markers_module, "_rule_cands", lambda panel, glyphs_only=False: [] if glyphs_only else [arrow]
+    )
+    figure = np.full((128, 160, 3), 128, np.uint8)
+    monkeypatch.setattr(marker_net, "shipped_fusion", lambda: _stump("heat_own", 0.5))
+    assert sorted(m.kind for m in detect_markers(figure, (0.0, 0.0, 160.0, 128.0))) == ["arrow", "asterisk"]
+    monkeypatch.setattr(marker_net, "shipped_fusion", lambda: _stump("rule", 0.5))
+    assert [m.kind for m in detect_markers(figure, (0.0, 0.0, 160.0, 128.0))] == ["arrow"]
+    assert [m.kind for m in detect_markers(figure, (0.0, 0.0, 160.0, 128.0), use_net=False)] == ["arrow"]
+
+
+def test_fusion_training_entry_point_smoke(tmp_path):
+    """``--fusion`` on three tiny generated figures writes a fusion model beside the network."""
+    import shutil
+
+    from p2p.mining.cpu.train_marker_net import main
+
+    weights = tmp_path / "w.pt"
+    shutil.copy(marker_net.weights_path(), weights)
+    args = ["--fusion", "--data", str(tmp_path / "figs"), "--figures", "3", "--data-seed", "120299"]
+    assert main([*args, "--out", str(weights)]) == 0
+    model = load_fusion(weights)
+    assert model.names == FUSION_FEATURES and model.feature.shape[0] > 0
+    shipped = marker_net.shipped_net().state_dict()
+    assert all(torch.equal(v, shipped[k]) for k, v in load_weights(weights).state_dict().items())
+
+
+def _hand(rules: list, net: list, size: tuple[int, int]) -> list:
+    """The hand-set fusion's markers among ``rules`` and ``net`` on a flat panel of ``size``."""
+    from p2p.mining.cpu.markers import _Found, _hand_fusion, _Panel
+
+    panel = _Panel(np.full((*size, 3), 128, np.uint8))
+    found = _Found(panel, panel, rules, net, None)
+    return [(rules + net)[i] for i in _hand_fusion(found)]
+
+
+def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones():
+    from p2p.mining.cpu.markers import _Cand
+
+    size = (200, 300)
+    confirmed = _Cand("star", (40, 40, 50, 50), (45.0, 45.0), 0.5)
+    unconfirmed = _Cand("star", (200, 150, 210, 160), (205.0, 155.0), 0.5)
+    sure = _Cand("box", (100, 20, 160, 60), (130.0, 40.0), 0.95, region=(100.0, 20.0, 160.0, 60.0))
+    inset = _Cand("inset", (220, 0, 300, 60), (260.0, 30.0), 0.5, region=(220.0, 0.0, 300.0, 60.0))
+    net = [
+        _Cand("star", (41, 41, 49, 49), (45.0, 46.0), 0.15, region=(35.0, 35.0, 55.0, 55.0)),
+        _Cand(
+            "arrow", (20, 150, 40, 170), (40.0, 170.0), 0.6, region=(40.0, 165.0, 60.0, 190.0), direction=45.0
+        ),
+        _Cand("arrow", (240, 150, 260, 170), (260.0, 170.0), 0.3, region=(260.0, 165.0, 280.0, 190.0)),
+        _Cand("box", (101, 21, 159, 59), (131.0, 41.0), 0.9, region=(101.0, 21.0, 159.0, 59.0)),
+    ]
+    ring = _Cand("circle", (150, 150, 170, 170), (160.0, 160.0), 0.75, region=(150.0, 150.0, 170.0, 170.0))
+    fused = _hand([confirmed, unconfirmed, sure, inset, ring], net, size)
+    # The unsupported star is gone; a ring of that score is trusted without the network.
+    assert fused[:4] == [confirmed, sure, inset, ring]
+    assert fused[4:] == [net[1]]  # the weak arrow stays out; the box is the rules' own
+
+
+def test_two_network_peaks_on_one_glyph_make_one_marker():
+    from p2p.mining.cpu.markers import _Cand
+
+    size = (200, 300)
+    first = _Cand("arrowhead", (80, 60, 92, 74), (90.0, 72.0), 0.5, region=(85.0, 68.0, 110.0, 95.0))
+    second = _Cand("arrowhead", (81, 66, 93, 78), (91.0, 77.0), 0.4, region=(86.0, 73.0, 111.0, 100.0))
+    net = [first, second]
+    assert _hand([], net, size) == [first]
+
+
+def test_a_crowd_of_network_peaks_of_one_kind_is_texture():
+    from p2p.mining.cpu.markers import _Cand
+
+    size = (200, 400)
 
     def star(i: int) -> _Cand:
         x = 20.0 + 90.0 * i
@@ -320,39 +521,37 @@ def test_a_crowd_of_network_peaks_of_one_kind_is_texture(monkeypatch):
             "star", (int(x) - 4, 96, int(x) + 4, 104), (x, 100.0), 0.6, region=(x - 8, 92.0, x + 8, 108.0)
         )
 
-    few = [star(i) for i in range(rules_module._NET_CROWD)]
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: few)
-    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == few
-    many = [star(i) for i in range(rules_module._NET_CROWD + 1)]
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: many)
-    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == []
+    few = [star(i) for i in range(markers_module._NET_CROWD)]
+    net = few
+    assert _hand([], net, size) == few
+    many = [star(i) for i in range(markers_module._NET_CROWD + 1)]
+    net = many
+    assert _hand([], net, size) == []
 
 
-def test_a_marker_only_the_enlarged_copy_shows_needs_the_network(monkeypatch):
+def test_a_marker_only_the_enlarged_copy_shows_needs_the_network():
     """A small panel's enlarged copy makes texture look like small arrows: a rule-based marker
     found only there is kept when the network sees something at it, however high its score."""
     from dataclasses import replace
 
-    from p2p.mining.cpu import markers as rules_module
-    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
+    from p2p.mining.cpu.markers import _Cand
 
-    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+    size = (200, 300)
     arrow = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
     enlarged = replace(arrow, enlarged=True)
     peak = _Cand("arrow", (42, 40, 60, 50), (59.0, 46.0), 0.2, region=(59.0, 40.0, 80.0, 55.0))
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: [])
-    assert _fuse_net(panel, [arrow, enlarged], rules_module.NET_THRESHOLDS) == [arrow]
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: [peak])
-    assert _fuse_net(panel, [enlarged], rules_module.NET_THRESHOLDS) == [enlarged]
+    net: list[_Cand] = []
+    assert _hand([arrow, enlarged], net, size) == [arrow]
+    net = [peak]
+    assert _hand([enlarged], net, size) == [enlarged]
 
 
-def test_four_network_arrows_in_a_panel_are_markers_four_stars_are_texture(monkeypatch):
+def test_four_network_arrows_in_a_panel_are_markers_four_stars_are_texture():
     """Arrows tolerate a larger crowd than dots: four arrow peaks of 0.45 (above the arrow level)
     are all kept, four star peaks are texture."""
-    from p2p.mining.cpu import markers as rules_module
-    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
+    from p2p.mining.cpu.markers import _Cand
 
-    panel = _Panel(np.full((200, 400, 3), 128, np.uint8))
+    size = (200, 400)
 
     def peak(kind: str, i: int) -> _Cand:
         x = 20.0 + 90.0 * i
@@ -361,21 +560,20 @@ def test_four_network_arrows_in_a_panel_are_markers_four_stars_are_texture(monke
         )
 
     arrows = [peak("arrow", i) for i in range(4)]
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: arrows)
-    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == arrows
+    net = arrows
+    assert _hand([], net, size) == arrows
     stars = [peak("star", i) for i in range(4)]
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: stars)
-    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == []
+    net = stars
+    assert _hand([], net, size) == []
 
 
-def test_a_network_box_of_middling_score_is_a_marker(monkeypatch):
+def test_a_network_box_of_middling_score_is_a_marker():
     """A box the rules miss (a washed-out outline) that the network scores 0.45 is reported;
     a box peak of 0.35 (sharp texture edges) is not."""
-    from p2p.mining.cpu import markers as rules_module
-    from p2p.mining.cpu.markers import _Cand, _fuse_net, _Panel
+    from p2p.mining.cpu.markers import _Cand
 
-    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+    size = (200, 300)
     box = _Cand("box", (100, 50, 160, 110), (130.0, 80.0), 0.45, region=(103.0, 53.0, 157.0, 107.0))
     weak = _Cand("box", (200, 50, 260, 110), (230.0, 80.0), 0.35, region=(203.0, 53.0, 257.0, 107.0))
-    monkeypatch.setattr(rules_module, "_net_cands", lambda panel, threshold, native=None: [box, weak])
-    assert _fuse_net(panel, [], rules_module.NET_THRESHOLDS) == [box]
+    net = [box, weak]
+    assert _hand([], net, size) == [box]

@@ -125,7 +125,7 @@ def _in_panel(marker: dict[str, Any], index: int, label: str | None) -> bool:
     return bool(marker.get("panel") == label)
 
 
-def evaluate(directory: Path, *, use_net: bool = True, net_threshold: float | None = None) -> Report:
+def evaluate(directory: Path, *, use_net: bool = True) -> Report:
     annotations = json.loads((directory / "annotations.json").read_text())
     report = Report()
     total_seconds = 0.0
@@ -147,7 +147,7 @@ def evaluate(directory: Path, *, use_net: bool = True, net_threshold: float | No
             pbox: Box = from_inclusive(panel["box"])
             diag = math.hypot(pbox[2] - pbox[0], pbox[3] - pbox[1])
             started, cpu_started = time.perf_counter(), time.process_time()
-            preds = detect_markers(image, pbox, use_net=use_net, net_threshold=net_threshold)
+            preds = detect_markers(image, pbox, use_net=use_net)
             total_seconds += time.perf_counter() - started
             cpu_seconds += time.process_time() - cpu_started
             label = panel.get("label")
@@ -203,10 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON only")
     parser.add_argument("--verbose", action="store_true", help="list misses and false positives")
     parser.add_argument("--no-net", action="store_true", help="the rule-based detector alone")
-    parser.add_argument("--net-threshold", type=float, default=None, help="override the network's threshold")
     args = parser.parse_args(argv)
     cv2.setNumThreads(1)  # the speed budget is for a single thread
-    report = evaluate(args.dir, use_net=not args.no_net, net_threshold=args.net_threshold)
+    report = evaluate(args.dir, use_net=not args.no_net)
     summary = report.as_dict()
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -18,6 +18,11 @@ pyramid brings that context back to stride 4.
 Weights ship as ``marker_net.pt`` (written by ``train_marker_net``) and are loaded once per
 process. ``encode_targets`` is the exact inverse of ``decode`` so that training and inference
 agree on every convention.
+
+The same file holds the fusion model (``TreeEnsemble``, written by ``train_marker_net --fusion``):
+gradient-boosted trees that score every candidate of the rules and every network peak from
+measurements of both (``markers.fusion_features``) with the probability that it marks a true
+target. It is evaluated here with numpy alone.
 """
 
 from __future__ import annotations
@@ -285,6 +290,94 @@ def _fused_sequence(seq: nn.Sequential) -> nn.Sequential:
         fused.append(layer)
         i += 1
     return nn.Sequential(*fused)
+
+
+@dataclass(frozen=True)
+class TreeEnsemble:
+    """Binary gradient-boosted trees, padded to one node table per tree (a leaf's children are
+    itself, so every tree is walked ``depth`` steps): ``x <= threshold`` goes left."""
+
+    feature: np.ndarray  # trees x nodes, int
+    threshold: np.ndarray  # trees x nodes, float
+    left: np.ndarray  # trees x nodes, int
+    right: np.ndarray  # trees x nodes, int
+    value: np.ndarray  # trees x nodes, float (leaves only)
+    baseline: float
+    depth: int
+    names: tuple[str, ...]  # feature names, in column order
+
+    def probability(self, x: np.ndarray) -> np.ndarray:
+        """Rows of ``x`` (candidates x features) -> probability of a true marker."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != len(self.names):
+            raise ValueError(f"expected n x {len(self.names)} features, got {x.shape}")
+        if x.shape[0] == 0:
+            return np.zeros(0)
+        # Flat indices into the node tables (tree t's node k at t * nodes + k) and into x.
+        n_trees, width = self.feature.shape
+        feature, threshold = self.feature.ravel(), self.threshold.ravel()
+        base = (np.arange(n_trees) * width)[:, None]
+        left, right = (self.left + base[:, :1]).ravel(), (self.right + base[:, :1]).ravel()
+        flat_x = x.ravel()
+        row_start = (np.arange(x.shape[0]) * x.shape[1])[None, :]
+        node = np.broadcast_to(base, (n_trees, x.shape[0])).copy()
+        for _ in range(self.depth):
+            go_left = flat_x[row_start + feature[node]] <= threshold[node]
+            node = np.where(go_left, left[node], right[node])
+        raw = self.baseline + self.value.ravel()[node].sum(axis=0)
+        return 1.0 / (1.0 + np.exp(-raw))
+
+    def as_blob(self) -> dict[str, Any]:
+        return {
+            "feature": torch.from_numpy(self.feature.astype(np.int32)),
+            "threshold": torch.from_numpy(self.threshold.astype(np.float64)),
+            "left": torch.from_numpy(self.left.astype(np.int32)),
+            "right": torch.from_numpy(self.right.astype(np.int32)),
+            "value": torch.from_numpy(self.value.astype(np.float64)),
+            "baseline": float(self.baseline),
+            "depth": int(self.depth),
+            "names": list(self.names),
+        }
+
+    @classmethod
+    def from_blob(cls, blob: dict[str, Any]) -> TreeEnsemble:
+        return cls(
+            feature=blob["feature"].numpy().astype(np.intp),
+            threshold=blob["threshold"].numpy(),
+            left=blob["left"].numpy().astype(np.intp),
+            right=blob["right"].numpy().astype(np.intp),
+            value=blob["value"].numpy(),
+            baseline=float(blob["baseline"]),
+            depth=int(blob["depth"]),
+            names=tuple(blob["names"]),
+        )
+
+
+def save_fusion(model: TreeEnsemble, path: Path) -> None:
+    """Store the fusion model in the weights file ``path`` (its network weights stay)."""
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    blob["fusion"] = model.as_blob()
+    torch.save(blob, path)
+
+
+def load_fusion(path: Path) -> TreeEnsemble:
+    """The fusion model stored in ``path``; ``MarkerNetError`` naming the file otherwise."""
+    if not path.is_file():
+        raise MarkerNetError(f"marker network weights not found: {path} (train with train_marker_net)")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        return TreeEnsemble.from_blob(blob["fusion"])
+    except Exception as exc:  # a file without it, or unreadable, is reported the same way
+        raise MarkerNetError(
+            f"marker fusion model missing or unreadable in {path}"
+            f" (train with train_marker_net --fusion): {exc}"
+        ) from exc
+
+
+@lru_cache(maxsize=1)
+def shipped_fusion() -> TreeEnsemble:
+    """The shipped fusion model, loaded once per process."""
+    return load_fusion(weights_path())
 
 
 @lru_cache(maxsize=1)

@@ -46,9 +46,16 @@ with their text) and strokes lying along the panel border or an inset frame are 
 
 A small learned detector (``marker_net``, trained on synthetic figures) then runs on the panel.
 It finds what the rules miss (glyphs of a few pixels, outlines JPEG washed out, glyphs in the
-panel's own hue, heads smeared on texture) and vets what they find: its markers are added where
-no rule-based marker explains them, and rule-based markers of a middling score are kept only
-where the network sees something too. ``detect_markers(..., use_net=False)`` is the rules alone.
+panel's own hue, heads smeared on texture) and vets what they find: hand-set levels add its
+markers where no rule-based marker explains them and keep rule-based markers of a middling score
+only where it sees something too. A learned fusion model (gradient-boosted trees,
+``marker_net.TreeEnsemble``, trained on synthetic figures by ``train_marker_net --fusion``) then
+scores every rule-based candidate and network peak from measurements of both
+(``fusion_features``: its score and source, the network's heat of each kind on its glyph, the
+best other candidate on it, its size, how many alike the panel has, how colourful and textured
+the panel is) with the probability that it marks a true target, and overrules the levels where
+it is sure: it drops what they kept on the network's word alone and adds what they missed.
+``detect_markers(..., use_net=False)`` is the rules alone.
 
 Every marker reports the structure it indicates as ``target_box``: an axis-aligned square ahead
 of the tip for arrows and arrowheads (sized from the glyph and the panel), the neighbourhood of
@@ -1923,119 +1930,6 @@ def _target(cand: _Cand, w: int, h: int) -> tuple[float, float, float, float]:
 # ----------------------------------------------------------------------------- entry point
 
 
-# Heat-map peaks of the marker network at or above these become markers of their own (set on
-# development seed 2002 for recall plus precision; with the enlarged pass in place arrows were
-# lowered from 0.5 on seeds 1001 and 2002, boxes from 0.5 on 1001 and 3003). Arrows and boxes
-# need more than symbols: the network's weak peaks of those kinds fall on sharp edges and cell
-# outlines of the texture.
-NET_THRESHOLDS = {
-    "arrow": 0.4,
-    "arrowhead": 0.3,
-    "asterisk": 0.3,
-    "star": 0.3,
-    "box": 0.4,
-    "circle": 0.3,
-    "inset": 0.5,
-}
-# A rule-based marker scoring below ``_RULE_SURE`` (but an inset, found by its frame) is kept
-# only when the network sees something there (a peak of at least ``_NET_SUPPORT``): texture
-# look-alikes pass the rules' shape tests at middling scores, and the network, trained on many
-# panels, rarely peaks on them. Above it the rules are trusted: on the real figures the network
-# (trained on synthetic ones) misses some markers the rules find with high scores.
-_RULE_SURE = 0.85
-# Circles are trusted earlier: the network misses small drawn rings inside insets (real figures),
-# where the rules' ring test is reliable, and without them the inset's kind is all that is left.
-_RULE_SURE_KIND = {"circle": 0.7}
-_NET_SUPPORT = 0.1
-# More network peaks of one kind than this in one panel are texture (puncta, a field of cells
-# alike), not markers: authors mark a few structures, and the rules still find dense markers.
-_NET_CROWD = 3
-# Arrows are rarer look-alikes of texture than dots: a panel with four arrows is common enough.
-_NET_CROWD_KIND: dict[str, int] = {"arrow": 4}
-# A network marker is already explained by a rule-based one when its point lies this close (a
-# fraction of the panel diagonal) to that marker's target box or their glyph boxes overlap.
-_NET_EXPLAINED_MARGIN = 0.02
-
-
-def _net_cands(panel: _Panel, threshold: float, native: np.ndarray | None = None) -> list[_Cand]:
-    """The network's markers in ``panel`` pixels. ``native``: the panel before the rules'
-    upscaling; the network runs on it (the scale it was trained at) and its boxes are scaled."""
-    rgb = panel.rgb if native is None else native
-    f = panel.w / rgb.shape[1]
-    cands = []
-    for m in marker_net.detect(rgb, threshold):
-        g = (m.glyph[0] * f, m.glyph[1] * f, m.glyph[2] * f, m.glyph[3] * f)
-        cands.append(
-            _Cand(
-                kind=m.kind,
-                glyph=(
-                    math.floor(g[0]),
-                    math.floor(g[1]),
-                    max(math.ceil(g[2]), math.floor(g[0]) + 1),
-                    max(math.ceil(g[3]), math.floor(g[1]) + 1),
-                ),
-                point=((m.point[0] + 0.5) * f - 0.5, (m.point[1] + 0.5) * f - 0.5),
-                score=m.score,
-                region=(m.target[0] * f, m.target[1] * f, m.target[2] * f, m.target[3] * f),
-                direction=m.direction,
-                size=max(g[2] - g[0], g[3] - g[1]),
-            )
-        )
-    return cands
-
-
-def _explained(net: _Cand, rules: list[_Cand], w: int, h: int) -> bool:
-    margin = _NET_EXPLAINED_MARGIN * math.hypot(w, h)
-    px, py = net.point
-    for c in rules:
-        tx1, ty1, tx2, ty2 = _target(c, w, h)
-        if tx1 - margin <= px <= tx2 + margin and ty1 - margin <= py <= ty2 + margin:
-            return True
-        if _iou(c.glyph, net.glyph) > 0.3:
-            return True
-    return False
-
-
-def _supported(rule: _Cand, net: list[_Cand], w: int, h: int) -> bool:
-    """Some network peak lies on the rule-based marker's glyph or next to its point."""
-    reach = _NET_EXPLAINED_MARGIN * math.hypot(w, h)
-    gx1, gy1, gx2, gy2 = rule.glyph
-    for c in net:
-        px, py = c.point
-        if gx1 - reach <= px <= gx2 + reach and gy1 - reach <= py <= gy2 + reach:
-            return True
-        if math.hypot(px - rule.point[0], py - rule.point[1]) <= 2 * reach:
-            return True
-    return False
-
-
-def _fuse_net(
-    panel: _Panel, rules: list[_Cand], thresholds: dict[str, float], native: np.ndarray | None = None
-) -> list[_Cand]:
-    """Rule-based markers the network does not contradict, plus the network's markers that none
-    of them explains.
-
-    The rules are precise where they fire (exact tips, exact outlines); the network finds what
-    they miss (tiny glyphs, washed-out outlines, glyphs in the panel's own hue).
-    """
-    w, h = panel.w, panel.h
-    net = _net_cands(panel, min(_NET_SUPPORT, *thresholds.values()), native)
-    kept = [
-        r
-        for r in rules
-        if (r.score >= _RULE_SURE_KIND.get(r.kind, _RULE_SURE) and not r.enlarged)
-        or r.kind == "inset"
-        or _supported(r, net, w, h)
-    ]
-    strong = [c for c in net if c.score >= thresholds[c.kind]]
-    crowd = Counter(c.kind for c in strong)
-    added: list[_Cand] = []
-    for c in strong:  # best first; a second peak on one glyph (two kinds, two cells) is one marker
-        if crowd[c.kind] <= _NET_CROWD_KIND.get(c.kind, _NET_CROWD) and not _explained(c, kept + added, w, h):
-            added.append(c)
-    return kept + added
-
-
 def _rule_cands(panel: _Panel, *, glyphs_only: bool = False) -> list[_Cand]:
     """The rule-based detector on one panel (crop pixels). ``glyphs_only``: arrows, arrowheads
     and symbols only (no outlines, line rectangles or insets: the enlarged copy's pass)."""
@@ -2120,16 +2014,353 @@ def _upscale_factor(w: int, h: int) -> float:
     return min(_UPSCALE_MAX, _UPSCALE_BELOW / side)
 
 
-def detect_markers(
-    image: np.ndarray, panel_box: Box, *, use_net: bool = True, net_threshold: float | None = None
-) -> list[Marker]:
+# ----------------------------------------------------------------------------- learned fusion
+
+# Network peaks at or above this are candidates of their own for the fusion model; lower peaks
+# are on every textured panel and only feed it noise (they still count as heat, below).
+_NET_CANDIDATE = 0.1
+# Two candidates are one marker when their glyph boxes overlap this much (intersection over
+# union) or, both glyphs or both outlines, their points lie this close (of the panel diagonal).
+_SAME_GLYPH_IOU = 0.3
+_SAME_POINT = 0.02
+
+# Heat-map peaks of the marker network at or above these become markers of their own (set on
+# development seed 2002 for recall plus precision; with the enlarged pass in place arrows were
+# lowered from 0.5 on seeds 1001 and 2002, boxes from 0.5 on 1001 and 3003). Arrows and boxes
+# need more than symbols: the network's weak peaks of those kinds fall on sharp edges and cell
+# outlines of the texture.
+NET_THRESHOLDS = {
+    "arrow": 0.4,
+    "arrowhead": 0.3,
+    "asterisk": 0.3,
+    "star": 0.3,
+    "box": 0.4,
+    "circle": 0.3,
+    "inset": 0.5,
+}
+# A rule-based marker scoring below ``_RULE_SURE`` (but an inset, found by its frame) is kept
+# only when the network sees something there (a peak of at least ``_NET_CANDIDATE``): texture
+# look-alikes pass the rules' shape tests at middling scores, and the network, trained on many
+# panels, rarely peaks on them. Above it the rules are trusted: on the real figures the network
+# (trained on synthetic ones) misses some markers the rules find with high scores.
+_RULE_SURE = 0.85
+# Circles are trusted earlier: the network misses small drawn rings inside insets (real figures),
+# where the rules' ring test is reliable, and without them the inset's kind is all that is left.
+_RULE_SURE_KIND = {"circle": 0.7}
+# More network peaks of one kind than this in one panel are texture (puncta, a field of cells
+# alike), not markers: authors mark a few structures, and the rules still find dense markers.
+_NET_CROWD = 3
+# Arrows are rarer look-alikes of texture than dots: a panel with four arrows is common enough.
+_NET_CROWD_KIND: dict[str, int] = {"arrow": 4}
+# A network marker is already explained by a rule-based one when its point lies this close (a
+# fraction of the panel diagonal) to that marker's target box or their glyph boxes overlap.
+_NET_EXPLAINED_MARGIN = 0.02
+
+
+# The learned fusion model overrules the hand-set levels above where it is sure: what they keep
+# only on the network's word (its peaks, rule-based markers of a middling score, anything only
+# the enlarged copy shows) goes when the model gives it less than ``_VETO``; a candidate they
+# drop is reported when the model gives it ``_RESCUE`` or more (both set on training seed 120000
+# and the real figures). The model alone (one level of 0.2 in place of the hand-set ones) finds
+# more on synthetic figures (validation seeds 300001-300003: recall 0.865/0.861/0.873 ->
+# 0.904/0.889/0.917) but not on the real ones: its network evidence, learned on synthetic
+# texture, is weak on real markers and strong on real texture (real recall 0.881 -> 0.810,
+# precision 0.80 -> 0.49). Rule-based markers the rules are sure of stay for the same reason.
+_VETO = 0.2
+_RESCUE = 0.8
+
+FUSION_FEATURES = (
+    "rule",
+    "score",
+    "enlarged",
+    *(f"heat_{k}" for k in marker_net.KINDS),
+    "heat_own",
+    "other_rule",
+    "other_net",
+    "log_glyph",
+    "glyph_of_diag",
+    "log_side",
+    "crowd",
+    "target_of_diag",
+    *(f"is_{k}" for k in marker_net.KINDS),
+    "saturated",
+    "texture",
+)
+
+
+@dataclass
+class _Found:
+    """Everything found on one panel before the fusion model's choice."""
+
+    panel: _Panel  # the pixels of every candidate (the enlarged copy of a small panel)
+    native: _Panel
+    rules: list[_Cand]
+    net: list[_Cand]  # network peaks of at least ``_NET_CANDIDATE``, in ``panel`` pixels
+    heat: np.ndarray | None  # the network's heat maps over ``native`` (kinds x h/4 x w/4)
+
+
+def _net_cands(panel: _Panel, found: list[marker_net.NetMarker], native: _Panel) -> list[_Cand]:
+    """The network's markers (``native`` pixels) in ``panel`` pixels."""
+    f = panel.w / native.w
+    cands = []
+    for m in found:
+        g = (m.glyph[0] * f, m.glyph[1] * f, m.glyph[2] * f, m.glyph[3] * f)
+        cands.append(
+            _Cand(
+                kind=m.kind,
+                glyph=(
+                    math.floor(g[0]),
+                    math.floor(g[1]),
+                    max(math.ceil(g[2]), math.floor(g[0]) + 1),
+                    max(math.ceil(g[3]), math.floor(g[1]) + 1),
+                ),
+                point=((m.point[0] + 0.5) * f - 0.5, (m.point[1] + 0.5) * f - 0.5),
+                score=m.score,
+                region=(m.target[0] * f, m.target[1] * f, m.target[2] * f, m.target[3] * f),
+                direction=m.direction,
+                size=max(g[2] - g[0], g[3] - g[1]),
+            )
+        )
+    return cands
+
+
+def _find(native_rgb: np.ndarray, *, use_net: bool) -> _Found:
+    """The rules (at the native scale and, for a small panel, enlarged) and the network on one
+    panel crop."""
+    panel = native = _Panel(native_rgb)
+    rules = _rule_cands(panel)
+    scale = _upscale_factor(panel.w, panel.h)
+    if scale > 1.0:
+        # Glyphs of a small panel are a few pixels: the rules also look at an enlarged copy.
+        big = _Panel(
+            cv2.resize(
+                native_rgb, (round(panel.w * scale), round(panel.h * scale)), interpolation=cv2.INTER_CUBIC
+            )
+        )
+        fx, fy = big.w / panel.w, big.h / panel.h
+        rules = [_scaled(c, fx, fy) for c in rules]
+        for extra in _rule_cands(big, glyphs_only=True):
+            if not any(_clash(extra, c) for c in rules):
+                rules.append(replace(extra, enlarged=True))
+        panel = big
+    if not use_net:
+        return _Found(panel, native, rules, [], None)
+    out = marker_net.run_net(marker_net.shipped_net(), native_rgb)
+    peaks = [
+        m for m in marker_net.decode(out, _NET_CANDIDATE) if m.point[0] < native.w and m.point[1] < native.h
+    ]
+    net = _net_cands(panel, peaks, native)
+    # A scale bar's text is not a marker for the network either (the rules filter their own).
+    bars = _scale_bars(native)
+    if bars:
+        back = native.w / panel.w
+        net = [c for c in net if c.kind == "inset" or not _on_scale_bar(_scaled(c, back, back).glyph, bars)]
+    return _Found(panel, native, rules, net, out[: len(marker_net.KINDS)])
+
+
+def _near(a: _Cand, b: _Cand, reach: float) -> bool:
+    """``b``'s point lies on ``a``'s glyph (within ``reach``) or their glyphs overlap."""
+    gx1, gy1, gx2, gy2 = a.glyph
+    px, py = b.point
+    return (gx1 - reach <= px <= gx2 + reach and gy1 - reach <= py <= gy2 + reach) or _iou(
+        a.glyph, b.glyph
+    ) > _SAME_GLYPH_IOU
+
+
+def fusion_features(found: _Found) -> tuple[list[_Cand], np.ndarray]:
+    """Every candidate of ``found`` (rules first, then network peaks) and its measurements, in
+    the column order of ``FUSION_FEATURES``: its own score and source, the network's heat of
+    every kind on its glyph, the best other candidate of each source on it, its size against
+    the panel's, how many of its kind the panel has (texture repeats, markers are few) and how
+    colourful and textured the panel is."""
+    panel, native = found.panel, found.native
+    cands = found.rules + found.net
+    n_rules = len(found.rules)
+    rows = np.zeros((len(cands), len(FUSION_FEATURES)), dtype=np.float64)
+    if not cands:
+        return cands, rows
+    kinds = marker_net.KINDS
+    f = native.w / panel.w  # panel pixels -> native pixels
+    reach = _SAME_POINT * panel.diag
+    saturated = float(np.count_nonzero(native.sat >= 70)) / (native.w * native.h)
+    texture = float(native.gray.std()) / 64.0
+    heat = found.heat
+    for i, c in enumerate(cands):
+        rule = i < n_rules
+        own = found.rules if rule else found.net
+        others_rule = [o.score for j, o in enumerate(found.rules) if j != i and _near(c, o, reach)]
+        others_net = [o.score for j, o in enumerate(found.net) if j + n_rules != i and _near(c, o, reach)]
+        crowd = sum(1 for o in own if o.kind == c.kind and o.score >= 0.8 * c.score)
+        gx1, gy1, gx2, gy2 = c.glyph
+        glyph = max(gx2 - gx1, gy2 - gy1) * f
+        tx1, ty1, tx2, ty2 = _target(c, panel.w, panel.h)
+        row = [
+            float(rule),
+            float(c.score),
+            float(c.enlarged),
+        ]
+        own_heat = 0.0
+        if heat is None:
+            row += [0.0] * len(kinds)
+        else:
+            gh, gw = heat.shape[1:]
+            px, py = c.point[0] * f / marker_net.STRIDE, c.point[1] * f / marker_net.STRIDE
+            cx1 = int(max(0, min(gx1 * f / marker_net.STRIDE, px) - 1))
+            cy1 = int(max(0, min(gy1 * f / marker_net.STRIDE, py) - 1))
+            cx2 = int(min(gw, max(gx2 * f / marker_net.STRIDE, px) + 2))
+            cy2 = int(min(gh, max(gy2 * f / marker_net.STRIDE, py) + 2))
+            window = heat[:, cy1:cy2, cx1:cx2]
+            row += (
+                [float(v) for v in window.reshape(len(kinds), -1).max(axis=1)]
+                if window.size
+                else [0.0] * len(kinds)
+            )
+            ix, iy = int(np.clip(px, 0, gw - 1)), int(np.clip(py, 0, gh - 1))
+            own_heat = float(
+                heat[kinds.index(c.kind), max(0, iy - 1) : iy + 2, max(0, ix - 1) : ix + 2].max()
+            )
+        row += [
+            own_heat,
+            max(others_rule, default=0.0),
+            max(others_net, default=0.0),
+            math.log1p(glyph),
+            glyph / native.diag,
+            math.log(min(native.w, native.h)),
+            float(crowd),
+            max(tx2 - tx1, ty2 - ty1) / panel.diag,
+            *(float(c.kind == k) for k in kinds),
+            saturated,
+            texture,
+        ]
+        rows[i] = row
+    return cands, rows
+
+
+def _explained(net: _Cand, rules: list[_Cand], w: int, h: int) -> bool:
+    margin = _NET_EXPLAINED_MARGIN * math.hypot(w, h)
+    px, py = net.point
+    for c in rules:
+        tx1, ty1, tx2, ty2 = _target(c, w, h)
+        if tx1 - margin <= px <= tx2 + margin and ty1 - margin <= py <= ty2 + margin:
+            return True
+        if _iou(c.glyph, net.glyph) > 0.3:
+            return True
+    return False
+
+
+def _supported(rule: _Cand, net: list[_Cand], w: int, h: int) -> bool:
+    """Some network peak lies on the rule-based marker's glyph or next to its point."""
+    reach = _NET_EXPLAINED_MARGIN * math.hypot(w, h)
+    gx1, gy1, gx2, gy2 = rule.glyph
+    for c in net:
+        px, py = c.point
+        if gx1 - reach <= px <= gx2 + reach and gy1 - reach <= py <= gy2 + reach:
+            return True
+        if math.hypot(px - rule.point[0], py - rule.point[1]) <= 2 * reach:
+            return True
+    return False
+
+
+def _hand_fusion(found: _Found) -> list[int]:
+    """Indices (rules, then network peaks, as ``fusion_features`` orders them) of the hand-set
+    fusion's markers: rule-based markers the network does not contradict, plus the network's
+    markers of their kind's level that none of them explains (the rules are precise where they
+    fire; the network finds tiny glyphs, washed-out outlines, glyphs in the panel's own hue)."""
+    w, h = found.panel.w, found.panel.h
+    rules, net = found.rules, found.net
+    kept = [
+        i
+        for i, r in enumerate(rules)
+        if (r.score >= _RULE_SURE_KIND.get(r.kind, _RULE_SURE) and not r.enlarged)
+        or r.kind == "inset"
+        or _supported(r, net, w, h)
+    ]
+    strong = sorted(
+        (i for i, c in enumerate(net) if c.score >= NET_THRESHOLDS[c.kind]), key=lambda i: -net[i].score
+    )
+    crowded = _crowded_kinds(net)
+    explaining = [rules[i] for i in kept]
+    added: list[int] = []
+    for i in strong:  # best first; a second peak on one glyph (two kinds, two cells) is one marker
+        c = net[i]
+        if c.kind not in crowded and not _explained(c, explaining, w, h):
+            added.append(len(rules) + i)
+            explaining.append(c)
+    return kept + added
+
+
+def _crowded_kinds(net: list[_Cand]) -> set[str]:
+    """Kinds of which the network has more peaks at their level than ``_NET_CROWD`` (or
+    ``_NET_CROWD_KIND``) in the panel: texture, not markers."""
+    crowd = Counter(c.kind for c in net if c.score >= NET_THRESHOLDS[c.kind])
+    return {kind for kind, n in crowd.items() if n > _NET_CROWD_KIND.get(kind, _NET_CROWD)}
+
+
+def _one_marker(a: _Cand, b: _Cand, reach: float) -> bool:
+    if _iou(a.glyph, b.glyph) > _SAME_GLYPH_IOU:
+        return True
+    if (a.kind in _ENCLOSING) != (b.kind in _ENCLOSING):
+        return False  # a glyph inside an outline is a marker of its own
+    return math.hypot(a.point[0] - b.point[0], a.point[1] - b.point[1]) <= reach
+
+
+def _choose(found: _Found, cands: list[_Cand], probability: np.ndarray) -> list[_Cand]:
+    """The hand-set fusion's markers less those the fusion model vetoes, plus those it rescues;
+    one per marker (the hand-set fusion's first, then the most probable)."""
+    hand = set(_hand_fusion(found))
+    n_rules = len(found.rules)
+    crowded = _crowded_kinds(found.net)
+
+    def vetoable(i: int) -> bool:
+        c = cands[i]
+        return i >= n_rules or c.score < _RULE_SURE or c.enlarged
+
+    picked = [
+        i
+        for i in range(len(cands))
+        if (i in hand and (probability[i] >= _VETO or not vetoable(i))) or probability[i] >= _RESCUE
+    ]
+    picked.sort(key=lambda i: (i not in hand, -probability[i]))
+    reach = _SAME_POINT * found.panel.diag
+    chosen: list[_Cand] = []
+    for i in picked:
+        c = cands[i]
+        if any(_one_marker(c, o, reach) for o in chosen):
+            continue
+        # A rescued candidate is added, as the levels add the network's, where nothing chosen
+        # explains it (not a second peak on an arrow's shaft, ahead of its tip), and a network
+        # peak not among a crowd of its kind (puncta of a fluorescent field).
+        if i not in hand and (
+            _explained(c, chosen, found.panel.w, found.panel.h) or (i >= n_rules and c.kind in crowded)
+        ):
+            continue
+        chosen.append(c)
+    return chosen
+
+
+def detect_markers(image: np.ndarray, panel_box: Box, *, use_net: bool = True) -> list[Marker]:
     """Markers drawn on one photographic panel of ``image`` (RGB uint8, H x W x 3).
 
     ``panel_box`` is in figure pixels (x2/y2 exclusive); every returned box and point is in
     figure pixels too, best confidence first. The caller runs this on image-type panels only.
-    ``use_net=False`` gives the rule-based detector alone (for comparison); ``net_threshold``
-    (one level for every kind) overrides ``NET_THRESHOLDS``.
+    ``use_net=False`` gives the rule-based detector alone (for comparison).
     """
+    crop = _crop(image, panel_box)
+    if crop is None:
+        return []
+    native, x0, y0 = crop
+    found = _find(native, use_net=use_net)
+    cands = found.rules
+    if use_net:
+        cands, rows = fusion_features(found)
+        cands = _choose(found, cands, marker_net.shipped_fusion().probability(rows))
+    markers = [m for c in cands if (m := _as_marker(c, found, x0, y0)) is not None]
+    markers.sort(key=lambda m: -m.confidence)
+    return markers
+
+
+def _crop(image: np.ndarray, panel_box: Box) -> tuple[np.ndarray, int, int] | None:
+    """The panel's RGB uint8 pixels and its top-left figure pixel; None below 16 px a side."""
     if image.ndim == 2:
         image = np.stack([image] * 3, axis=-1)
     image = image[..., :3]
@@ -2141,65 +2372,44 @@ def detect_markers(
     x1 = min(fw, math.ceil(panel_box[2]))
     y1 = min(fh, math.ceil(panel_box[3]))
     if x1 - x0 < 16 or y1 - y0 < 16:
-        return []
-    native = np.ascontiguousarray(image[y0:y1, x0:x1])
-    panel = native_panel = _Panel(native)
-    cands = _rule_cands(panel)
-    scale = _upscale_factor(panel.w, panel.h)
-    if scale > 1.0:
-        # Glyphs of a small panel are a few pixels: the rules also look at an enlarged copy.
-        big = _Panel(
-            cv2.resize(
-                native, (round(panel.w * scale), round(panel.h * scale)), interpolation=cv2.INTER_CUBIC
-            )
-        )
-        fx, fy = big.w / panel.w, big.h / panel.h
-        cands = [_scaled(c, fx, fy) for c in cands]
-        for extra in _rule_cands(big, glyphs_only=True):
-            if not any(_clash(extra, c) for c in cands):
-                cands.append(replace(extra, enlarged=True))
-        panel = big
-    h, w = panel.h, panel.w
-    if use_net:
-        levels = NET_THRESHOLDS if net_threshold is None else dict.fromkeys(NET_THRESHOLDS, net_threshold)
-        rules = cands
-        cands = _fuse_net(panel, cands, levels, native)
-        # A scale bar's text is not a marker for the network either (rules filter their own).
-        bars = _scale_bars(native_panel)
-        if bars:
-            back_x, back_y = native_panel.w / panel.w, native_panel.h / panel.h
-            cands = [
-                c
-                for c in cands
-                if c.kind == "inset"
-                or any(c is r for r in rules)
-                or not _on_scale_bar(_scaled(c, back_x, back_y).glyph, bars)
-            ]
+        return None
+    return np.ascontiguousarray(image[y0:y1, x0:x1]), x0, y0
 
-    markers: list[Marker] = []
-    sx, sy = (x1 - x0) / w, (y1 - y0) / h  # back to figure pixels (1 unless upscaled)
-    for cand in cands:
-        tx1, ty1, tx2, ty2 = _target(cand, w, h)
-        tx1, ty1 = max(0.0, tx1), max(0.0, ty1)
-        tx2, ty2 = min(float(w), tx2), min(float(h), ty2)
-        if tx2 - tx1 < 1 or ty2 - ty1 < 1:
-            continue
-        gx1, gy1, gx2, gy2 = (
-            max(0, cand.glyph[0]),
-            max(0, cand.glyph[1]),
-            min(w, cand.glyph[2]),
-            min(h, cand.glyph[3]),
-        )
-        markers.append(
-            Marker(
-                kind=cand.kind,
-                glyph_box=(gx1 * sx + x0, gy1 * sy + y0, gx2 * sx + x0, gy2 * sy + y0),
-                target_point=((cand.point[0] + 0.5) * sx - 0.5 + x0, (cand.point[1] + 0.5) * sy - 0.5 + y0),
-                target_box=(tx1 * sx + x0, ty1 * sy + y0, tx2 * sx + x0, ty2 * sy + y0),
-                confidence=float(round(min(1.0, cand.score), 4)),
-                direction_deg=None if cand.direction is None else float(round(cand.direction, 2)),
-                color=cand.color,
-            )
-        )
-    markers.sort(key=lambda m: -m.confidence)
-    return markers
+
+def _as_marker(cand: _Cand, found: _Found, x0: int, y0: int) -> Marker | None:
+    """``cand`` (pixels of ``found.panel``) in figure pixels; None when its target box is empty."""
+    w, h = found.panel.w, found.panel.h
+    sx, sy = found.native.w / w, found.native.h / h  # back to figure pixels (1 unless upscaled)
+    tx1, ty1, tx2, ty2 = _target(cand, w, h)
+    tx1, ty1 = max(0.0, tx1), max(0.0, ty1)
+    tx2, ty2 = min(float(w), tx2), min(float(h), ty2)
+    if tx2 - tx1 < 1 or ty2 - ty1 < 1:
+        return None
+    gx1, gy1, gx2, gy2 = (
+        max(0, cand.glyph[0]),
+        max(0, cand.glyph[1]),
+        min(w, cand.glyph[2]),
+        min(h, cand.glyph[3]),
+    )
+    return Marker(
+        kind=cand.kind,
+        glyph_box=(gx1 * sx + x0, gy1 * sy + y0, gx2 * sx + x0, gy2 * sy + y0),
+        target_point=((cand.point[0] + 0.5) * sx - 0.5 + x0, (cand.point[1] + 0.5) * sy - 0.5 + y0),
+        target_box=(tx1 * sx + x0, ty1 * sy + y0, tx2 * sx + x0, ty2 * sy + y0),
+        confidence=float(round(min(1.0, cand.score), 4)),
+        direction_deg=None if cand.direction is None else float(round(cand.direction, 2)),
+        color=cand.color,
+    )
+
+
+def panel_candidates(image: np.ndarray, panel_box: Box) -> tuple[list[Marker | None], np.ndarray]:
+    """Every candidate the fusion model chooses from on one panel, in figure pixels (None where
+    its target box is empty), with its ``FUSION_FEATURES`` row: the training data of the fusion
+    model (``train_marker_net --fusion``)."""
+    crop = _crop(image, panel_box)
+    if crop is None:
+        return [], np.zeros((0, len(FUSION_FEATURES)))
+    native, x0, y0 = crop
+    found = _find(native, use_net=True)
+    cands, rows = fusion_features(found)
+    return [_as_marker(c, found, x0, y0) for c in cands], rows
