@@ -665,3 +665,14 @@ def test_a_lone_stroke_where_the_series_expects_another_letter_gives_way() -> No
         detection("I", (250, 13, 267, 29), 0.64),
     ]
     assert assign_labels(panels, dets) == ["D", "E", "F"]
+
+
+def test_a_reading_of_another_style_between_confirmed_labels_takes_the_series_label() -> None:
+    """ "(f)" read "6" among lower-case letters: its look-alike "b" names another panel, the series
+    settles it."""
+    panels = [panel((10.0 + 130 * k, 30.0, 130.0 * (k + 1), 160.0)) for k in range(5)]
+    dets = [
+        detection(text, (10 + 130 * k, 13, 27 + 130 * k, 29), 0.8 if text == "6" else 0.9)
+        for k, text in enumerate(["a", "b", "c", "6", "e"])
+    ]
+    assert assign_labels(panels, dets) == ["a", "b", "c", "d", "e"]

@@ -1214,6 +1214,10 @@ def _repair_sequence(
     agree = sum(expected_at(positions[pi]) == text for pi, text in solid.items())
     order_trusted = main == "roman" or agree >= 0.75 * len(solid)
 
+    def filled(rank: int) -> bool:
+        """Whether the series' label goes to an unconfirmed panel: between confirmed ones."""
+        return (confirmed(rank - 1) and confirmed(rank + 1)) or bracketed(rank)
+
     def stroke_in_series(rank: int) -> bool:
         """A lone stroke ("I", "l") read where the trusted series expects another letter, between
         confirmed neighbours: what a blurred letter decays into, not a label out of order."""
@@ -1241,7 +1245,16 @@ def _repair_sequence(
             # label, which is filled as if unread
             styled = [o for o in _options(reading) if _of_style(o, main)]
             fixed[pi] = reading if _of_style(reading, main) or not styled else styled[0]
-        elif expected is not None and ((confirmed(rank - 1) and confirmed(rank + 1)) or bracketed(rank)):
+            if (
+                not _of_style(reading, main)
+                and expected is not None
+                and reading.casefold() != expected.casefold()
+                and filled(rank)
+            ):
+                # a reading of another style ("6" or "g" among capitals), not the expected label
+                # in the other case, is no surer than the series between confirmed labels
+                fixed[pi] = expected
+        elif expected is not None and filled(rank):
             fixed[pi] = expected
     return _dedupe(fixed, confidence)
 
