@@ -928,3 +928,25 @@ def test_a_rule_ending_left_of_a_label_does_not_hide_it() -> None:
     mask = ink_mask(image).astype(np.uint8)
     _, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
     assert not any(box[0] >= 200 for box, _ in segment._label_candidates(mask, labels, stats, 8.0).words)
+
+
+def test_seam_splitter_runs_after_the_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    from p2p.mining.cpu import seams
+
+    rng = np.random.default_rng(11)
+    image = canvas(300, 200)
+    image[20:180, 20:280] = texture(rng, 260, 160, 120)
+    calls: list[list[tuple[int, int, int, int]]] = []
+
+    def halve(rgb: np.ndarray, boxes: list[tuple[int, int, int, int]], **kwargs: object) -> list:
+        calls.append(boxes)
+        x1, y1, x2, y2 = boxes[0]
+        return [(x1, y1, (x1 + x2) // 2, y2), *boxes[1:], ((x1 + x2) // 2, y1, x2, y2)]
+
+    monkeypatch.setattr(seams, "split_boxes", halve)
+    rules = segment_panels(image, seams=False)
+    assert [p.box for p in rules] == [(20.0, 20.0, 280.0, 180.0)] and not calls
+    split = segment_panels(image)
+    assert calls == [[(20, 20, 280, 180)]]
+    assert [p.box for p in split] == [(20.0, 20.0, 150.0, 180.0), (150.0, 20.0, 280.0, 180.0)]
+    assert split[0].confidence == rules[0].confidence

@@ -1207,12 +1207,15 @@ class _RowMinima:
 # the segmenter
 
 
-def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = None) -> list[PanelCandidate]:
+def segment_panels(
+    image: np.ndarray, *, labels: list[LabelDetection] | None = None, seams: bool = True
+) -> list[PanelCandidate]:
     """Panel boxes (figure pixels, x2/y2 exclusive) with a confidence each.
 
     ``labels`` are optional known panel-label detections (figure coordinates); their glyphs are
     kept out of the boxes and each heads its own panel. Without them, label glyphs are guessed
-    from connected components.
+    from connected components. ``seams``: boxes holding touching panels are cut by the learned
+    seam splitter (``p2p.mining.cpu.seams``; off only to train it on the rules' boxes).
     """
     rgb = _as_rgb(image)
     height, width = rgb.shape[:2]
@@ -1370,11 +1373,39 @@ def segment_panels(image: np.ndarray, *, labels: list[LabelDetection] | None = N
             tight = refined
         confidence = 0.9 if cluster.anchor >= 0 else (0.7 if cluster.major else 0.5)
         results.append(PanelCandidate(box=_float_box(tight), confidence=confidence))
+    if seams and results:
+        # parts are tightened to the content the rules kept (label glyphs in a gutter between
+        # touching panels are not part of either)
+        if factor > 1:
+            kept = cv2.resize(keep_mask.astype(np.uint8), (width, height), interpolation=cv2.INTER_NEAREST)
+            keep_ink = full_mask & kept.astype(bool)
+        else:
+            keep_ink = keep_mask
+        results = _split_seams(rgb, keep_ink, u * factor, results)
     if not results:
         box = _tight(full_mask, (0, 0, width, height))
         if box is not None:
             results.append(PanelCandidate(box=_float_box(box), confidence=0.3))
     return results
+
+
+def _split_seams(
+    rgb: np.ndarray, ink: np.ndarray, u: float, panels: list[PanelCandidate]
+) -> list[PanelCandidate]:
+    """Boxes of touching panels the rules left whole, cut along their seams (``u``: the text
+    unit, full size); a cut box's parts keep its confidence."""
+    from p2p.mining.cpu.seams import split_boxes  # the seam splitter reuses this module's masks
+
+    boxes = [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in panels]
+    split = split_boxes(rgb, boxes, ink=ink, u=u)
+    if split == boxes:
+        return panels
+    confidences = [p.confidence for p in panels]
+    # split_boxes keeps each box's index for its first part and appends the others
+    return [
+        PanelCandidate(box=_float_box(b), confidence=confidences[k] if k < len(panels) else 0.7)
+        for k, b in enumerate(split)
+    ]
 
 
 def _corner_frame(box: IntBox, inner: IntBox, corner: str) -> tuple[int, int, int, int]:

@@ -1,0 +1,185 @@
+"""The learned seam splitter (``p2p.mining.cpu.seams``) and its training labels, on figures drawn here."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from p2p.mining.cpu import seams
+from p2p.mining.cpu.seams import FEATURE_NAMES, SeamModel, line_features, split_boxes
+from p2p.mining.cpu.train_seams import line_labels
+
+
+def step_model(threshold: float = 0.5) -> SeamModel:
+    """A hand-made model: a line is a seam when its colour step stands out along most of it."""
+    weights = np.zeros((len(FEATURE_NAMES), 1))
+    weights[FEATURE_NAMES.index("step_standout"), 0] = 40.0
+    return SeamModel(
+        {
+            "features": list(FEATURE_NAMES),
+            "mean": [0.0] * len(FEATURE_NAMES),
+            "scale": [1.0] * len(FEATURE_NAMES),
+            "layers": [{"W": weights.tolist(), "b": [-20.0]}],
+            "threshold": threshold,
+        }
+    )
+
+
+def noisy(rng: np.random.Generator, w: int, h: int, level: int) -> np.ndarray:
+    grey = np.clip(rng.normal(level, 6, (h, w)), 0, 200).astype(np.uint8)
+    return np.repeat(grey[:, :, None], 3, axis=2)
+
+
+def test_line_features_shape_and_offsets() -> None:
+    rng = np.random.default_rng(1)
+    image = np.hstack([noisy(rng, 120, 90, 60), noisy(rng, 140, 90, 150)])
+    offsets, features = line_features(image, (0, 0, 260, 90), 0, [])
+    assert features.shape == (offsets.size, len(FEATURE_NAMES))
+    assert np.isfinite(features).all()
+    # candidates keep away from the box's ends and lie on the full-size grid
+    assert offsets.min() >= 2 * seams.MIN_PART and offsets.max() <= 260 - 2 * seams.MIN_PART
+    best = int(offsets[np.argmax(features[:, FEATURE_NAMES.index("step_standout")])])
+    assert abs(best - 120) <= seams.SCALE
+    # a box too small for two panels has no candidates
+    offsets, features = line_features(image, (0, 0, 60, 90), 0, [])
+    assert offsets.size == 0 and features.shape == (0, len(FEATURE_NAMES))
+
+
+def test_split_boxes_cuts_touching_images_recursively_and_tightens() -> None:
+    rng = np.random.default_rng(2)
+    row = np.hstack([noisy(rng, 100, 80, 40), noisy(rng, 110, 80, 120), noisy(rng, 90, 80, 190)])
+    image = np.full((120, 340, 3), 255, dtype=np.uint8)
+    image[20:100, 20:320] = row
+    out = split_boxes(image, [(20, 20, 320, 100)], model=step_model())
+    assert sorted(out) == [(20, 20, 120, 100), (120, 20, 230, 100), (230, 20, 320, 100)]
+
+
+def test_split_boxes_keeps_one_picture_and_respects_the_threshold() -> None:
+    rng = np.random.default_rng(3)
+    image = np.hstack([noisy(rng, 120, 90, 60), noisy(rng, 140, 90, 150)])
+    assert split_boxes(image, [(0, 0, 260, 90)], model=step_model(), threshold=1.01) == [(0, 0, 260, 90)]
+    flat = noisy(rng, 260, 90, 90)
+    assert split_boxes(flat, [(0, 0, 260, 90)], model=step_model()) == [(0, 0, 260, 90)]
+
+
+def test_split_boxes_tightens_parts_to_their_ink_across_a_white_gutter() -> None:
+    rng = np.random.default_rng(4)
+    image = np.full((90, 270, 3), 255, dtype=np.uint8)
+    image[:, :120] = noisy(rng, 120, 90, 60)
+    image[:, 130:] = noisy(rng, 140, 90, 60)
+    weights = np.zeros((len(FEATURE_NAMES), 1))
+    weights[FEATURE_NAMES.index("line_ink"), 0] = -40.0  # a blank line is a seam
+    model = SeamModel(
+        {
+            "features": list(FEATURE_NAMES),
+            "mean": [0.0] * len(FEATURE_NAMES),
+            "scale": [1.0] * len(FEATURE_NAMES),
+            "layers": [{"W": weights.tolist(), "b": [20.0]}],
+            "threshold": 0.5,
+        }
+    )
+    assert sorted(split_boxes(image, [(0, 0, 270, 90)], model=model)) == [(0, 0, 120, 90), (130, 0, 270, 90)]
+
+
+def test_model_rejects_another_feature_set() -> None:
+    with pytest.raises(ValueError):
+        SeamModel({"features": ["x"], "mean": [0.0], "scale": [1.0], "layers": [], "threshold": 0.5})
+
+
+def test_shipped_model_loads_and_scores_probabilities() -> None:
+    rng = np.random.default_rng(5)
+    image = np.hstack([noisy(rng, 120, 90, 60), noisy(rng, 140, 90, 150)])
+    _, features = line_features(image, (0, 0, 260, 90), 0, [])
+    scores = seams.default_model().predict(features)
+    assert scores.shape == (features.shape[0],)
+    assert ((scores >= 0.0) & (scores <= 1.0)).all()
+    assert 0.0 < seams.default_model().threshold < 1.0
+
+
+def test_line_labels_mark_seams_between_panels_of_the_box() -> None:
+    truth = [(0.0, 0.0, 100.0, 80.0), (100.0, 0.0, 200.0, 80.0)]
+    offsets = np.arange(40, 162, 2)
+    labels = line_labels((0, 0, 200, 80), 0, offsets, truth)
+    assert set(offsets[labels == 1].tolist()) == {98, 100, 102}
+    assert set(offsets[labels == -1].tolist()) == {94, 96, 104, 106}
+    assert (labels[(offsets < 94) | (offsets > 106)] == 0).all()
+    # no horizontal line separates them
+    assert (line_labels((0, 0, 200, 80), 1, np.arange(20, 62, 2), truth) == 0).all()
+    # one panel (sub-images of one label) has no seam; nor does a box holding only one panel
+    assert (line_labels((0, 0, 100, 80), 0, np.arange(20, 82, 2), truth) == 0).all()
+
+
+def test_line_labels_count_a_panel_reaching_into_the_box() -> None:
+    # the rules joined the top of a diagram (a third of it) to the image above it
+    truth = [(0.0, 0.0, 200.0, 100.0), (20.0, 110.0, 180.0, 260.0)]
+    offsets = np.arange(20, 142, 2)
+    labels = line_labels((0, 0, 200, 160), 1, offsets, truth)
+    assert set(offsets[labels == 1].tolist()) == set(range(98, 113, 2))
+
+
+def labelled_pair(rng: np.random.Generator, second_label: bool) -> np.ndarray:
+    """Two dark 'fluorescence' images touching, each with a white label at its top left (the
+    second only when ``second_label``; without it, two sub-images of one panel)."""
+    from PIL import Image, ImageDraw
+
+    from tests.test_segment import font
+
+    image = np.hstack([noisy(rng, 160, 140, 20), noisy(rng, 150, 140, 70)])
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    draw.text((5, 3), "A", fill=(255, 255, 255), font=font(20))
+    if second_label:
+        draw.text((165, 3), "B", fill=(255, 255, 255), font=font(20))
+    return np.asarray(pil).copy()
+
+
+def glyph_judge() -> dict[str, object]:
+    """A hand-made cut judge: cut only when both parts carry a glyph at the top left."""
+    weights = np.zeros((len(seams.CUT_FEATURES), 1))
+    weights[seams.CUT_FEATURES.index("glyph_a_first"), 0] = 10.0
+    weights[seams.CUT_FEATURES.index("glyph_b_first"), 0] = 10.0
+    return {
+        "features": list(seams.CUT_FEATURES),
+        "mean": [0.0] * len(seams.CUT_FEATURES),
+        "scale": [1.0] * len(seams.CUT_FEATURES),
+        "layers": [{"W": weights.tolist(), "b": [-15.0]}],
+        "threshold": 0.5,
+    }
+
+
+def test_cut_features_see_the_label_of_each_part() -> None:
+    rng = np.random.default_rng(6)
+    names = seams.CUT_FEATURES
+    for second, expected in ((True, 1.0), (False, 0.0)):
+        image = labelled_pair(rng, second)
+        gray = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+        parts = [(0, 0, 160, 140), (160, 0, 310, 140)]
+        seam = seams.Seam(0, 160, 0.9, np.zeros(len(FEATURE_NAMES)))
+        features = seams.cut_features(gray, 10.0, (0, 0, 310, 140), 0, parts, seam)
+        assert features[names.index("glyph_a_first")] == 1.0
+        assert features[names.index("glyph_b_first")] == expected
+        assert features[names.index("glyph_box_first")] == 1.0
+        assert features[names.index("seam_logit")] == pytest.approx(np.log(9.0))
+
+
+def test_cut_judge_keeps_sub_images_of_one_label_together() -> None:
+    rng = np.random.default_rng(7)
+    lines = step_model(threshold=0.5)
+    model_dict = {
+        "features": list(FEATURE_NAMES),
+        "mean": lines.mean.tolist(),
+        "scale": lines.scale.tolist(),
+        "layers": [{"W": w.tolist(), "b": b.tolist()} for w, b in lines.layers],
+        "threshold": 0.5,
+        "cuts": glyph_judge(),
+    }
+    model = SeamModel(model_dict)
+    box = (0, 0, 310, 140)
+    assert sorted(split_boxes(labelled_pair(rng, True), [box], model=model)) == [
+        (0, 0, 160, 140),
+        (160, 0, 310, 140),
+    ]
+    assert split_boxes(labelled_pair(rng, False), [box], model=model) == [box]
+    # without the judge, the line scorer alone cuts both
+    assert len(split_boxes(labelled_pair(rng, False), [box], model=lines)) == 2
