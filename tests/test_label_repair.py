@@ -68,3 +68,18 @@ def test_only_letters_whose_cases_look_alike_are_taken_for_the_other_case() -> N
     # after it out of the order
     read = ["A", "B", None, None, "e", "D", "E", "F"]
     assert repair_with_caption(read, list("ABCDEFG")) == read
+
+
+def test_panels_labelled_column_by_column_are_repaired_down_the_columns() -> None:
+    from p2p.mining.pipeline import CpuMiner, in_reading_order
+    from p2p.mining.types import PanelCandidate
+
+    # a 2x3 grid (row-major boxes) labelled down the columns: A B | C D | E F; C was not read
+    boxes = [(x, y, x + 90.0, y + 90.0) for y in (0.0, 100.0) for x in (0.0, 100.0, 200.0)]
+    read = ["A", None, "E", "B", "D", "F"]
+    panels, labels = in_reading_order([PanelCandidate(box=b, confidence=0.9) for b in boxes], read)
+    assert [p.box[:2] for p in panels] == [(0, 0), (0, 100), (100, 0), (100, 100), (200, 0), (200, 100)]
+    caption = "(A) a. (B) b. (C) c. (D) d. (E) e. (F) f."
+    assert CpuMiner._repair_labels(caption, labels) == ["A", "B", "C", "D", "E", "F"]
+    # in row-first order the same readings do not run as the caption's series: nothing is filled
+    assert CpuMiner._repair_labels(caption, read) == read

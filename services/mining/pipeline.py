@@ -96,7 +96,7 @@ class CpuMiner:
     def mine(self, image: np.ndarray, caption: str, *, context: Any = None) -> MiningResult:
         """``context`` (title, abstract) is for backends that read it; this one does not."""
         from p2p.mining.captions import split_caption
-        from p2p.mining.cpu.labels import assign_labels, find_labels, reading_order
+        from p2p.mining.cpu.labels import assign_labels, find_labels
         from p2p.mining.cpu.markers import detect_markers
         from p2p.mining.cpu.segment import segment_panels
         from p2p.mining.postprocess import postprocess
@@ -121,9 +121,7 @@ class CpuMiner:
         with timer.stage("labels"):
             detections: list[LabelDetection] = find_labels(image, candidates)
             labels = assign_labels(candidates, detections)
-        order = reading_order(candidates)
-        candidates = [candidates[i] for i in order]
-        labels = [labels[i] for i in order]
+        candidates, labels = in_reading_order(candidates, labels)
         label_boxes = {d.text: d.box for d in detections}
 
         with timer.stage("captions"):
@@ -260,6 +258,18 @@ _SHOWN_BY: dict[str, frozenset[str]] = {
     "outlined": frozenset({"box", "circle"}),
     "dotted": frozenset({"box", "circle"}),
 }
+
+
+def in_reading_order(
+    candidates: list[PanelCandidate], labels: list[str | None]
+) -> tuple[list[PanelCandidate], list[str | None]]:
+    """Panels and their read labels in the reading order the labels follow (rows or columns
+    first, see ``labels.reading_order``): the caption repair walks this order, so a figure
+    labelled column by column has its unread labels filled from the column, not the row."""
+    from p2p.mining.cpu.labels import reading_order
+
+    order = reading_order(candidates, labels)
+    return [candidates[i] for i in order], [labels[i] for i in order]
 
 
 def _marker_notes_to_marked_panels(
