@@ -40,7 +40,7 @@ SCALE = 2  # features are computed on a copy shrunk by this factor (cost), seams
 MIN_PART = 20  # px (shrunk): no panel is thinner than this
 MIN_PART_SHARE = 0.06  # of the box's length: nor a sliver of the box
 BLOCK = 8  # px (shrunk) along the line per block of the side-by-side comparison
-WIDTHS = (2, 6, 20)  # px (shrunk) of each side compared across the line
+WIDTHS = (2, 6, 20)  # px (shrunk) of each side compared across the line (at most MIN_PART)
 CONTEXT = (2, 8)  # steps of lines this far (px) from the candidate are its neighbourhood
 
 IntBox = tuple[int, int, int, int]
@@ -146,6 +146,7 @@ def line_features(
     if h < 4 or w < 2 * margin + 1:
         return np.zeros(0, dtype=np.int64), np.zeros((0, len(FEATURE_NAMES)))
     cols = np.arange(margin, w - margin + 1)
+    first, last = margin, w - margin + 1  # cols as a slice
     f = small.astype(np.float32)
     grey = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY).astype(np.float32)
     # colour step across two pixels, then a line's step: the larger either side of it
@@ -165,8 +166,9 @@ def line_features(
 
     # steps: along the line, and against the lines around it, block by block
     col_step = t.mean(axis=0)  # (w + 1,)
-    step = col_step[cols]
-    strong = (t[:, cols] >= 24.0).mean(axis=0)
+    step = col_step[first:last]
+    strong_rows = t[:, first:last] >= 24.0
+    strong = strong_rows.mean(axis=0)
     tb = np.add.reduceat(t, starts, axis=0) / heights  # (nb, w + 1)
     tcum = np.concatenate([np.zeros((nb, 1)), np.cumsum(tb, axis=1)], axis=1)
     near, far = CONTEXT
@@ -179,14 +181,14 @@ def line_features(
         return np.asarray(total / count)
 
     local = around(cols)
-    here = tb[:, cols]
+    here = tb[:, first:last]
     stands = (here >= 2.0 * local + 8.0) & (here >= 16.0)
     standout = stands.mean(axis=0)
-    strong_blocks = np.add.reduceat((t[:, cols] >= 24.0).astype(np.float32), starts, axis=0) / heights
+    strong_blocks = np.add.reduceat(strong_rows.astype(np.float32), starts, axis=0) / heights
     ratio = np.log((here.mean(axis=0) + 1.0) / (local.mean(axis=0) + 1.0))
     window = np.lib.stride_tricks.sliding_window_view(np.pad(col_step, 12), 25)  # (w + 1, 25)
     ring = np.concatenate([window[:, :9], window[:, 16:]], axis=1).max(axis=1)
-    peak = np.log((col_step + 1.0) / (ring + 1.0))[cols]
+    peak = np.log((col_step[first:last] + 1.0) / (ring[first:last] + 1.0))
     ordered = np.sort(col_step)
     repeats = (ordered.size - np.searchsorted(ordered, 0.6 * step)) / float(w)
 
@@ -201,11 +203,12 @@ def line_features(
     stack = np.dstack([f, grey * grey, energy, grey])  # (h, w, 6)
     run = _block_sums(stack, starts)  # (nb, w + 1, 5)
     side_feats: list[np.ndarray] = []
+    # candidates keep MIN_PART (>= the widest band) from the ends: bands are never clipped
+    at = run[:, first:last]
+    per_pixel = 1.0 / heights[..., None]
     for width in WIDTHS:
-        lo = np.maximum(cols - width, 0)
-        hi = np.minimum(cols + width, w)
-        left = (run[:, cols] - run[:, lo]) / ((cols - lo)[None, :, None] * heights[..., None])
-        right = (run[:, hi] - run[:, cols]) / ((hi - cols)[None, :, None] * heights[..., None])
+        left = (at - run[:, first - width : last - width]) * (per_pixel / width)
+        right = (run[:, first + width : last + width] - at) * (per_pixel / width)
         colour = _channel_max(np.abs(left[..., :3] - right[..., :3]))
         mean_l, mean_r = left[..., 5], right[..., 5]
         std_l = np.sqrt(np.maximum(left[..., 3] - mean_l * mean_l, 0.0))
@@ -220,9 +223,8 @@ def line_features(
         ]
     whole = run.sum(axis=0)  # (w + 1, 5)
     width = WIDTHS[-1]
-    lo, hi = np.maximum(cols - width, 0), np.minimum(cols + width, w)
-    left = (whole[cols] - whole[lo]) / ((cols - lo)[:, None] * float(h))
-    right = (whole[hi] - whole[cols]) / ((hi - cols)[:, None] * float(h))
+    left = (whole[first:last] - whole[first - width : last - width]) / (width * float(h))
+    right = (whole[first + width : last + width] - whole[first:last]) / (width * float(h))
     colour_whole = _channel_max(np.abs(left[:, :3] - right[:, :3]))
     energy_whole = np.abs(np.log((left[:, 4] + 2.0) / (right[:, 4] + 2.0)))
 
