@@ -87,6 +87,25 @@ def test_model_rejects_another_feature_set() -> None:
         SeamModel({"features": ["x"], "mean": [0.0], "scale": [1.0], "layers": [], "threshold": 0.5})
 
 
+@pytest.mark.parametrize("content", [None, "{not json", '{"features": ["x"], "mean": [0], "scale": [1]}'])
+def test_an_unusable_model_file_is_named_with_the_way_to_rebuild_it(tmp_path, content) -> None:
+    path = tmp_path / "seam_model.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(seams.SeamModelError) as caught:
+        SeamModel(path=path)
+    assert str(path) in str(caught.value)
+    assert "train_seams" in str(caught.value)
+
+
+def test_the_miner_loads_the_seam_model_at_start() -> None:
+    from p2p.mining.pipeline import CpuMiner
+
+    seams.default_model.cache_clear()
+    CpuMiner(load_text_encoder=False)
+    assert seams.default_model.cache_info().currsize == 1
+
+
 def test_shipped_model_loads_and_scores_probabilities() -> None:
     rng = np.random.default_rng(5)
     image = np.hstack([noisy(rng, 120, 90, 60), noisy(rng, 140, 90, 150)])

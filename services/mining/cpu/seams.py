@@ -338,21 +338,31 @@ class _Mlp:
         return np.asarray(1.0 / (1.0 + np.exp(-np.clip(x[:, 0], -30.0, 30.0))))
 
 
+class SeamModelError(RuntimeError):
+    """The seam model file is missing, unreadable or does not fit this code."""
+
+
 class SeamModel(_Mlp):
     """Line scorer (``FEATURE_NAMES``; its threshold picks the lines worth a closer look) and,
     when trained, the cut judge (``CUT_FEATURES``: the best line's score and the parts' label
     glyphs), whose threshold decides the cut."""
 
     def __init__(self, model: dict[str, Any] | None = None, path: Path | None = None) -> None:
-        if model is None:
-            model = _load_model(path)
-        super().__init__(model, FEATURE_NAMES)
-        self.cuts = _Mlp(model["cuts"], CUT_FEATURES) if model.get("cuts") else None
-
-
-def _load_model(path: Path | None) -> dict[str, Any]:
-    source = Path(path) if path is not None else resources.files("p2p.mining.cpu").joinpath(MODEL_FILE)
-    return dict(json.loads(source.read_text(encoding="utf-8")))
+        if model is not None:
+            super().__init__(model, FEATURE_NAMES)
+            self.cuts = _Mlp(model["cuts"], CUT_FEATURES) if model.get("cuts") else None
+            return
+        source = Path(path) if path is not None else Path(str(resources.files("p2p.mining.cpu") / MODEL_FILE))
+        try:
+            model = dict(json.loads(source.read_text(encoding="utf-8")))
+            super().__init__(model, FEATURE_NAMES)
+            self.cuts = _Mlp(model["cuts"], CUT_FEATURES) if model.get("cuts") else None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # the worker stops at start with this message rather than failing every figure
+            raise SeamModelError(
+                f"seam model {source} is unusable ({exc}); regenerate it with "
+                "python -m p2p.mining.cpu.train_seams (commands in its docstring)"
+            ) from exc
 
 
 @lru_cache(maxsize=1)
