@@ -338,6 +338,32 @@ def test_fusion_model_is_stored_beside_the_network(tmp_path):
     assert marker_net.shipped_fusion().names == FUSION_FEATURES
 
 
+def test_a_write_cut_short_leaves_the_weights_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "w.pt"
+    save_weights(MarkerNet(), path, {})
+    before = path.read_bytes()
+    real_save = torch.save
+
+    def cut_short(blob: Any, target: Any) -> None:
+        real_save(blob, target)
+        Path(target).write_bytes(Path(target).read_bytes()[:100])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", cut_short)
+    with pytest.raises(OSError, match="disk full"):
+        save_fusion(_stump("heat_own", 0.25), path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.pt"]  # no temporary file left
+
+
+def test_the_miner_loads_the_fusion_model_at_start():
+    from p2p.mining.pipeline import CpuMiner
+
+    marker_net.shipped_fusion.cache_clear()
+    CpuMiner(load_text_encoder=False)
+    assert marker_net.shipped_fusion.cache_info().currsize == 1
+
+
 def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the_levels_drop():
     """The hand-set fusion's choice stands but where the fusion model is sure: a marker kept on
     the network's word goes below ``_VETO``, one the levels drop comes back at ``_RESCUE``; a

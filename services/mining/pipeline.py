@@ -69,7 +69,7 @@ class CpuMiner:
         load_text_encoder: bool = True,
     ) -> None:
         from p2p.mining.cpu.labels import warm_up
-        from p2p.mining.cpu.marker_net import shipped_net
+        from p2p.mining.cpu.marker_net import shipped_fusion, shipped_net
         from p2p.mining.cpu.panel_type import default_classifier
         from p2p.mining.cpu.seams import default_model as seam_model
 
@@ -79,6 +79,7 @@ class CpuMiner:
         self.panel_types = default_classifier()
         warm_up()  # OCR models load now, not on the first figure
         shipped_net()  # the marker network too: a missing weights file stops the worker at start
+        shipped_fusion()  # and the fusion model stored beside it
         seam_model()  # and the segmenter's seam splitter
         if load_text_encoder:
             _ = self.text_encoder.model  # the sentence encoder too

@@ -28,6 +28,7 @@ target. It is evaluated here with numpy alone.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -238,9 +239,21 @@ def weights_path() -> Path:
     return Path(str(resources.files("p2p.mining.cpu").joinpath(WEIGHTS_FILE)))
 
 
+def _save_atomic(blob: dict[str, Any], path: Path) -> None:
+    """Write ``blob`` to a temporary file beside ``path``, then move it into place: a write cut
+    short leaves the previous weights whole (the fusion model shares the network's file)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        torch.save(blob, temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def save_weights(net: MarkerNet, path: Path, meta: dict[str, Any]) -> None:
     state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    torch.save({"arch": ARCH, "kinds": list(KINDS), "state_dict": state, "meta": meta}, path)
+    _save_atomic({"arch": ARCH, "kinds": list(KINDS), "state_dict": state, "meta": meta}, path)
 
 
 def load_weights(path: Path) -> MarkerNet:
@@ -357,7 +370,7 @@ def save_fusion(model: TreeEnsemble, path: Path) -> None:
     """Store the fusion model in the weights file ``path`` (its network weights stay)."""
     blob = torch.load(path, map_location="cpu", weights_only=True)
     blob["fusion"] = model.as_blob()
-    torch.save(blob, path)
+    _save_atomic(blob, path)
 
 
 def load_fusion(path: Path) -> TreeEnsemble:
