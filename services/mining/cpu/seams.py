@@ -200,8 +200,8 @@ def line_features(
     line_ink = np.minimum(ink[:, cols - 1].mean(axis=0), ink[:, np.minimum(cols, w - 1)].mean(axis=0))
 
     # the two sides, band by band
-    stack = np.dstack([f, grey * grey, energy, grey])  # (h, w, 6)
-    run = _block_sums(stack, starts)  # (nb, w + 1, 5)
+    stack = np.dstack([f, grey * grey, energy, grey])  # (h, w, 6): r, g, b, grey², energy, grey
+    run = _block_sums(stack, starts)  # (nb, w + 1, 6)
     side_feats: list[np.ndarray] = []
     # candidates keep MIN_PART (>= the widest band) from the ends: bands are never clipped
     at = run[:, first:last]
@@ -221,7 +221,7 @@ def line_features(
             np.abs(std_l - std_r).mean(axis=0),
             np.abs(np.log((left[..., 4] + 2.0) / (right[..., 4] + 2.0))).mean(axis=0),
         ]
-    whole = run.sum(axis=0)  # (w + 1, 5)
+    whole = run.sum(axis=0)  # (w + 1, 6)
     width = WIDTHS[-1]
     left = (whole[first:last] - whole[first - width : last - width]) / (width * float(h))
     right = (whole[first + width : last + width] - whole[first:last]) / (width * float(h))
@@ -463,7 +463,7 @@ def split_boxes(
     cut_threshold = (judge.threshold if threshold is None else threshold) if judge is not None else 0.0
     if ink is None:
         ink = rgb.min(axis=2) < INK_THRESHOLD
-    gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY) if judge is not None else None
+    gray: np.ndarray | None = None  # for the judge's glyph search, made at the first cut it weighs
     out = list(boxes)
     todo = [(k, 0) for k in range(len(out))]
     while todo:
@@ -475,12 +475,11 @@ def split_boxes(
         axis, _, parts = cut_parts(rgb, ink, box, seam.axis, seam.offset)
         if len(parts) < 2:
             continue
-        if (
-            judge is not None
-            and gray is not None
-            and judge.predict(cut_features(gray, u, box, axis, parts, seam))[0] < cut_threshold
-        ):
-            continue
+        if judge is not None:
+            if gray is None:
+                gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+            if judge.predict(cut_features(gray, u, box, axis, parts, seam))[0] < cut_threshold:
+                continue
         out[k] = parts[0]
         out.append(parts[1])
         if depth + 1 < MAX_DEPTH:

@@ -1393,7 +1393,9 @@ def _split_seams(
     rgb: np.ndarray, ink: np.ndarray, u: float, panels: list[PanelCandidate]
 ) -> list[PanelCandidate]:
     """Boxes of touching panels the rules left whole, cut along their seams (``u``: the text
-    unit, full size); a cut box's parts keep its confidence."""
+    unit, full size). A cut box's first part keeps its confidence; the parts split off it get
+    0.7, a rule box's confidence without a label (``split_boxes`` does not say whose part a new
+    box is)."""
     from p2p.mining.cpu.seams import split_boxes  # the seam splitter reuses this module's masks
 
     boxes = [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in panels]
