@@ -12,8 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LOADED_AT_RUN_TIME = (
-    "p2p/mining/cpu/marker_net.pt",
-    "p2p/mining/cpu/panel_type_model.json",
+    *(
+        f"p2p/mining/cpu/{model.name}"
+        for model in sorted((ROOT / "services/mining/cpu").iterdir())
+        if model.suffix in (".json", ".pt")
+    ),
     "p2p/mining/lvlm/prompt_files/panels.txt",
     "p2p/shared/migrations/script.py.mako",
     "p2p/embedding_api/static/index.html",
