@@ -115,8 +115,10 @@ class CpuMiner:
             notes.append(f"image is {width}x{height} px: too small to mine; kept as one panel")
             return self._whole_figure(width, height, caption, notes, timer)
 
+        with timer.stage("captions"):
+            named = len(split_caption(caption).labels_in_order)
         with timer.stage("segment"):
-            candidates: list[PanelCandidate] = segment_panels(image)
+            candidates: list[PanelCandidate] = segment_panels(image, named=named or None)
         if not candidates:
             notes.append("no panels found: the whole figure is one panel")
             candidates = [PanelCandidate(box=(0.0, 0.0, float(width), float(height)), confidence=0.3)]

@@ -1208,7 +1208,11 @@ class _RowMinima:
 
 
 def segment_panels(
-    image: np.ndarray, *, labels: list[LabelDetection] | None = None, seams: bool = True
+    image: np.ndarray,
+    *,
+    labels: list[LabelDetection] | None = None,
+    seams: bool = True,
+    named: int | None = None,
 ) -> list[PanelCandidate]:
     """Panel boxes (figure pixels, x2/y2 exclusive) with a confidence each.
 
@@ -1216,6 +1220,8 @@ def segment_panels(
     kept out of the boxes and each heads its own panel. Without them, label glyphs are guessed
     from connected components. ``seams``: boxes holding touching panels are cut by the learned
     seam splitter (``p2p.mining.cpu.seams``; off only to train it on the rules' boxes).
+    ``named``: how many panels the caption names; when more than were found, the likeliest
+    seams are cut until that many (``p2p.mining.cpu.count_guided``).
     """
     rgb = _as_rgb(image)
     height, width = rgb.shape[:2]
@@ -1382,6 +1388,8 @@ def segment_panels(
         else:
             keep_ink = keep_mask
         results = _split_seams(rgb, keep_ink, u * factor, results)
+        if named is not None and named > len(results):
+            results = _split_to_count(rgb, keep_ink, results, named)
     if not results:
         box = _tight(full_mask, (0, 0, width, height))
         if box is not None:
@@ -1408,6 +1416,16 @@ def _split_seams(
         PanelCandidate(box=_float_box(b), confidence=confidences[k] if k < len(panels) else 0.7)
         for k, b in enumerate(split)
     ]
+
+
+def _split_to_count(
+    rgb: np.ndarray, ink: np.ndarray, panels: list[PanelCandidate], named: int
+) -> list[PanelCandidate]:
+    from p2p.mining.cpu.count_guided import split_to_count  # it reuses this module's helpers
+
+    boxes = [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in panels]
+    split, confidences = split_to_count(rgb, ink, boxes, [p.confidence for p in panels], named)
+    return [PanelCandidate(box=_float_box(b), confidence=c) for b, c in zip(split, confidences, strict=True)]
 
 
 def _corner_frame(box: IntBox, inner: IntBox, corner: str) -> tuple[int, int, int, int]:

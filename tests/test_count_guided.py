@@ -1,0 +1,91 @@
+"""Caption-guided splitting: the caption's panel count cuts touching panels the segmenter left
+together, and never more than that."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from p2p.mining.cpu import count_guided
+from p2p.mining.cpu.count_guided import split_to_count
+from p2p.mining.cpu.segment import ink_mask, segment_panels
+from p2p.mining.pipeline import CpuMiner
+from p2p.mining.synth.figure import generate_figure
+from p2p.shared import geometry
+
+# four touching photographs (0-px gutters): the rules and the seam splitter find three boxes
+TOUCHING = {
+    "gutter": 0,
+    "n_panels": 4,
+    "panel_types": {"image": 1.0},
+    "width": 640,
+    "height": 480,
+    "marker_rate": 0.0,
+}
+
+
+@pytest.fixture(scope="module")
+def touching() -> tuple[np.ndarray, list[geometry.Box]]:
+    image, truth = generate_figure(0, **TOUCHING)
+    return np.asarray(image.convert("RGB")), [geometry.from_inclusive(p["box"]) for p in truth["panels"]]
+
+
+def _matched(boxes: list[geometry.Box], truth: list[geometry.Box]) -> int:
+    return len(geometry.match_greedy(boxes, truth, 0.9))
+
+
+def test_the_caption_count_cuts_the_panels_left_together(
+    touching: tuple[np.ndarray, list[geometry.Box]],
+) -> None:
+    rgb, truth = touching
+    alone = [p.box for p in segment_panels(rgb)]
+    assert len(alone) < len(truth)  # the case this is for
+    guided = segment_panels(rgb, named=len(truth))
+    assert len(guided) == len(truth)
+    assert _matched([p.box for p in guided], truth) == len(truth) > _matched(alone, truth)
+    # the parts found this way say they are less sure than the rules' panels
+    assert min(p.confidence for p in guided) == count_guided.SPLIT_CONFIDENCE
+
+
+def test_a_box_of_two_panels_is_cut_into_those_two(touching: tuple[np.ndarray, list[geometry.Box]]) -> None:
+    rgb, truth = touching
+    a, b, *others = sorted(truth, key=lambda t: (t[1], t[0]))  # the top row's first two panels
+    both = (int(min(a[0], b[0])), int(min(a[1], b[1])), int(max(a[2], b[2])), int(max(a[3], b[3])))
+    rest = [(int(t[0]), int(t[1]), int(t[2]), int(t[3])) for t in others]
+    boxes, confidence = split_to_count(rgb, ink_mask(rgb), [both, *rest], [0.9] * len(truth[1:]), len(truth))
+    assert len(boxes) == len(truth)
+    assert boxes[1 : len(rest) + 1] == rest  # the other panels are left alone
+    split = count_guided.SPLIT_CONFIDENCE
+    assert confidence == [split, *[0.9] * len(rest), split]
+    cut = [boxes[0], boxes[-1]]
+    assert _matched([(float(x[0]), float(x[1]), float(x[2]), float(x[3])) for x in cut], [a, b]) == 2
+
+
+def test_no_cut_when_the_caption_names_no_more_panels_than_were_found(
+    touching: tuple[np.ndarray, list[geometry.Box]],
+) -> None:
+    rgb, _ = touching
+    boxes = [(0, 0, 320, 480), (320, 0, 640, 480)]
+    assert split_to_count(rgb, ink_mask(rgb), boxes, [0.9, 0.9], 2) == (boxes, [0.9, 0.9])
+    assert split_to_count(rgb, ink_mask(rgb), boxes, [0.9, 0.9], 1) == (boxes, [0.9, 0.9])
+    # a "count" beyond any figure's is no count (a caption listing fifty numbered items)
+    too_many = count_guided.MAX_NAMED + 1
+    assert split_to_count(rgb, ink_mask(rgb), boxes, [0.9, 0.9], too_many) == (boxes, [0.9, 0.9])
+
+
+def test_a_blank_box_is_left_whole_whatever_the_count() -> None:
+    rgb = np.full((300, 400, 3), 255, np.uint8)
+    rgb[50:250, 50:350] = 120  # one flat grey image: no line in it looks like a seam
+    boxes, _ = split_to_count(rgb, ink_mask(rgb), [(50, 50, 350, 250)], [0.9], 6)
+    assert boxes == [(50, 50, 350, 250)]
+
+
+def test_the_miner_splits_towards_the_panels_its_caption_names(
+    touching: tuple[np.ndarray, list[geometry.Box]],
+) -> None:
+    rgb, truth = touching
+    caption = "Four fields. (A) Control. (B) Treated. (C) Knock-down. (D) Rescue."
+    mined = CpuMiner().mine(rgb, caption)
+    assert len(mined.panels) == 4
+    assert _matched([p.box for p in mined.panels], truth) == 4
+    assert len(CpuMiner().mine(rgb, "Four fields of one culture.").panels) < 4
