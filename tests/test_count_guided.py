@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from p2p.mining.cpu import count_guided
-from p2p.mining.cpu.count_guided import split_to_count
+from p2p.mining.cpu.count_guided import merge_to_count, split_to_count
 from p2p.mining.cpu.segment import ink_mask, segment_panels
 from p2p.mining.pipeline import CpuMiner
 from p2p.mining.synth.figure import generate_figure
@@ -89,3 +89,32 @@ def test_the_miner_splits_towards_the_panels_its_caption_names(
     assert len(mined.panels) == 4
     assert _matched([p.box for p in mined.panels], truth) == 4
     assert len(CpuMiner().mine(rgb, "Four fields of one culture.").panels) < 4
+
+
+def test_the_halves_of_one_panel_are_joined_when_the_caption_names_fewer() -> None:
+    halves = [(10, 10, 110, 200), (110, 10, 300, 200)]  # one image cut along a false seam
+    other = (10, 220, 300, 400)
+    boxes, confidence = merge_to_count([halves[0], other, halves[1]], [0.9, 0.9, 0.7], 2)
+    assert boxes == [(10, 10, 300, 200), other]
+    assert confidence == [count_guided.SPLIT_CONFIDENCE, 0.9]
+
+
+def test_boxes_that_do_not_fill_their_joint_box_stay_apart() -> None:
+    apart = [(10, 10, 100, 100), (140, 10, 230, 100)]  # a gutter between: two panels
+    offset = [(10, 10, 100, 100), (100, 60, 190, 150)]  # side by side, shifted: two panels
+    assert merge_to_count(apart, [0.9, 0.9], 1) == (apart, [0.9, 0.9])
+    assert merge_to_count(offset, [0.9, 0.9], 1) == (offset, [0.9, 0.9])
+
+
+def test_a_join_that_would_swallow_another_box_is_not_made() -> None:
+    # two halves of a rectangle, but a third box (an inset panel) lies across their seam
+    boxes = [(0, 0, 100, 50), (0, 50, 100, 100), (40, 40, 60, 60)]
+    assert merge_to_count(boxes, [0.9] * 3, 2) == (boxes, [0.9] * 3)
+
+
+def test_segmentation_joins_towards_a_smaller_count(touching: tuple[np.ndarray, list[geometry.Box]]) -> None:
+    rgb, _ = touching
+    found = segment_panels(rgb)
+    joined = segment_panels(rgb, named=len(found) - 1)
+    assert len(joined) == len(found) - 1
+    assert sum(1 for p in joined if p.confidence == count_guided.SPLIT_CONFIDENCE) == 1

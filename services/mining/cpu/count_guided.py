@@ -1,14 +1,20 @@
-"""Caption-guided splitting: when the caption names more panels than the segmenter found.
+"""Caption-guided panel count: the caption says how many panels the figure has.
 
 A caption that labels ten panels ("(a) ... (j) ...") over a figure the segmenter returned as two
 boxes says that touching panels were left together. The seam splitter (``seams``) cuts a box only
 when its line scorer is sure on its own; here the caption's count is the evidence instead, so the
 likeliest seam of all boxes is cut, one at a time, until the count is reached or no line looks
-like a seam at all (``MIN_SCORE``). The count is never exceeded, and boxes are never merged: a
-caption naming fewer panels than were found says nothing about which ones to join.
+like a seam at all (``MIN_SCORE``).
+
+The other way round, more boxes than named panels means a panel came apart (a plot's colour bar
+or legend, an image cut along a false seam). Two boxes are joined only when together they fill
+their joint box (``MERGE_FILL``: the halves of one rectangle, not two panels side by side with a
+gap or offset) and that box reaches into no other; the best-filling pair first, until the count.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -17,7 +23,8 @@ from p2p.mining.cpu.segment import _without_sliver
 
 MIN_SCORE = 0.001  # line score below which a line is an edge inside a picture, whatever the count
 MAX_NAMED = 30  # a caption naming more panels than this is not a count to split towards
-SPLIT_CONFIDENCE = 0.6  # parts found this way are less sure than the rules' panels
+MERGE_FILL = 0.95  # of the joint box two boxes must cover to be halves of one panel
+SPLIT_CONFIDENCE = 0.6  # boxes cut or joined this way are less sure than the rules' panels
 
 
 def split_to_count(
@@ -62,3 +69,46 @@ def split_to_count(
         confidence[k] = min(confidence[k], SPLIT_CONFIDENCE)
         confidence.append(SPLIT_CONFIDENCE)
     return boxes, confidence
+
+
+def merge_to_count(
+    boxes: list[IntBox], confidence: list[float], named: int
+) -> tuple[list[IntBox], list[float]]:
+    """``boxes`` (with their ``confidence``) with pairs joined, the pair that best fills its
+    joint box first, until there are ``named`` of them or no pair fills ``MERGE_FILL`` of its
+    joint box without reaching into another box."""
+    if named < 1 or len(boxes) <= named:
+        return boxes, confidence
+    boxes, confidence = list(boxes), list(confidence)
+    while len(boxes) > named:
+        best: tuple[float, int, int] | None = None  # fill, the two boxes
+        for i, j in itertools.combinations(range(len(boxes)), 2):
+            joint = _joint(boxes[i], boxes[j])
+            fill = (_area(boxes[i]) + _area(boxes[j])) / max(_area(joint), 1.0)
+            if fill < MERGE_FILL or (best is not None and fill <= best[0]):
+                continue
+            if any(_share_inside(boxes[k], joint) > 0.1 for k in range(len(boxes)) if k not in (i, j)):
+                continue
+            best = (fill, i, j)
+        if best is None:
+            break
+        _, i, j = best
+        boxes[i] = _joint(boxes[i], boxes[j])
+        confidence[i] = min(confidence[i], confidence[j], SPLIT_CONFIDENCE)
+        del boxes[j], confidence[j]
+    return boxes, confidence
+
+
+def _joint(a: IntBox, b: IntBox) -> IntBox:
+    return (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
+
+
+def _area(box: IntBox) -> float:
+    return float(max(0, box[2] - box[0]) * max(0, box[3] - box[1]))
+
+
+def _share_inside(box: IntBox, other: IntBox) -> float:
+    """Share of ``box``'s area inside ``other``."""
+    w = min(box[2], other[2]) - max(box[0], other[0])
+    h = min(box[3], other[3]) - max(box[1], other[1])
+    return 0.0 if w <= 0 or h <= 0 else w * h / max(_area(box), 1.0)

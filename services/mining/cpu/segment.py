@@ -1221,7 +1221,8 @@ def segment_panels(
     from connected components. ``seams``: boxes holding touching panels are cut by the learned
     seam splitter (``p2p.mining.cpu.seams``; off only to train it on the rules' boxes).
     ``named``: how many panels the caption names; when more than were found, the likeliest
-    seams are cut until that many (``p2p.mining.cpu.count_guided``).
+    seams are cut until that many, when fewer, boxes that are halves of one rectangle are
+    joined (``p2p.mining.cpu.count_guided``).
     """
     rgb = _as_rgb(image)
     height, width = rgb.shape[:2]
@@ -1388,8 +1389,8 @@ def segment_panels(
         else:
             keep_ink = keep_mask
         results = _split_seams(rgb, keep_ink, u * factor, results)
-        if named is not None and named > len(results):
-            results = _split_to_count(rgb, keep_ink, results, named)
+        if named is not None and named != len(results):
+            results = _to_count(rgb, keep_ink, results, named)
     if not results:
         box = _tight(full_mask, (0, 0, width, height))
         if box is not None:
@@ -1418,14 +1419,19 @@ def _split_seams(
     ]
 
 
-def _split_to_count(
+def _to_count(
     rgb: np.ndarray, ink: np.ndarray, panels: list[PanelCandidate], named: int
 ) -> list[PanelCandidate]:
-    from p2p.mining.cpu.count_guided import split_to_count  # it reuses this module's helpers
+    """``panels`` cut or joined towards the ``named`` panels of the caption."""
+    from p2p.mining.cpu.count_guided import merge_to_count, split_to_count  # it reuses this module
 
     boxes = [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in panels]
-    split, confidences = split_to_count(rgb, ink, boxes, [p.confidence for p in panels], named)
-    return [PanelCandidate(box=_float_box(b), confidence=c) for b, c in zip(split, confidences, strict=True)]
+    confidences = [p.confidence for p in panels]
+    if named > len(boxes):
+        boxes, confidences = split_to_count(rgb, ink, boxes, confidences, named)
+    else:
+        boxes, confidences = merge_to_count(boxes, confidences, named)
+    return [PanelCandidate(box=_float_box(b), confidence=c) for b, c in zip(boxes, confidences, strict=True)]
 
 
 def _corner_frame(box: IntBox, inner: IntBox, corner: str) -> tuple[int, int, int, int]:
