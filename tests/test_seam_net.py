@@ -95,7 +95,12 @@ def test_weights_are_written_by_the_shared_atomic_writer(tmp_path, monkeypatch):
     """``marker_net._save_atomic`` (tested there: a write cut short leaves the old file whole)."""
     written: list[Path] = []
     real = seam_net._save_atomic
-    monkeypatch.setattr(seam_net, "_save_atomic", lambda blob, path: (written.append(path), real(blob, path)))
+
+    def recording(blob: dict, path: Path) -> None:
+        written.append(path)
+        real(blob, path)
+
+    monkeypatch.setattr(seam_net, "_save_atomic", recording)
     path = tmp_path / "w.pt"
     save_weights(SeamNet(), path, {"steps": 1})
     assert written == [path]

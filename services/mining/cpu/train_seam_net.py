@@ -10,8 +10,10 @@ and 1) plus a plain one on the panel-interior map. Deterministic given ``--seed`
 augmentation and initialisation), CPU only, ``--threads`` torch threads.
 
     python -m p2p.mining.cpu.train_seam_net --data /tmp/seamnet/d140000 --data /tmp/seamnet/d140001 \\
-        --figures 1500 --data-seed 140000 --seed 0 --steps 3000 --batch 8 --patch 384 \\
+        --figures 1500 --data-seed 140000 --seed 0 --steps 3500 --batch 8 --patch 384 \\
         --threads 1 --out services/mining/cpu/seam_net.pt
+
+(the shipped weights: 3000 figures of seeds 140000 and 140001, 21 minutes on one thread).
 
 The figures are generated into ``--data`` when it holds no ``annotations.json`` yet; with several
 ``--data`` folders the n-th is generated with seed ``--data-seed + n``. Training seeds are
