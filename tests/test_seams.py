@@ -202,3 +202,90 @@ def test_cut_judge_keeps_sub_images_of_one_label_together() -> None:
     assert split_boxes(labelled_pair(rng, False), [box], model=model) == [box]
     # without the judge, the line scorer alone cuts both
     assert len(split_boxes(labelled_pair(rng, False), [box], model=lines)) == 2
+
+
+def test_features_past_the_trained_range_score_as_its_edge() -> None:
+    # a line scorer that learnt "more step is more seam" only up to 50, then turned down (as a
+    # ReLU MLP may past its data): clipped to the range it saw, a step of 200 scores as 50
+    names = list(FEATURE_NAMES)
+    step = names.index("step_mean")
+    model = step_model()
+    layers = [
+        {"W": np.eye(len(names))[:, [step, step]].tolist(), "b": [0.0, -50.0]},
+        {"W": [[1.0], [-3.0]], "b": [-40.0]},
+    ]
+    base = {"features": names, "mean": model.mean.tolist(), "scale": model.scale.tolist(), "threshold": 0.5}
+    features = np.zeros((2, len(names)))
+    features[:, step] = [50.0, 200.0]
+    wild = SeamModel({**base, "layers": layers}).predict(features)
+    assert wild[1] < 0.01 < 0.99 < wild[0]
+    low, high = [-1e9] * len(names), [1e9] * len(names)
+    high[step] = 50.0
+    clipped = SeamModel({**base, "layers": layers, "low": low, "high": high}).predict(features)
+    assert clipped[1] == pytest.approx(clipped[0]) and clipped[0] > 0.99
+
+
+def test_recurse_looks_at_both_parts_again_down_to_max_depth() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def halve(box: seams.IntBox, out: list[seams.IntBox]) -> list[seams.IntBox] | None:
+        seen.append((box[0], len(out)))
+        x1, y1, x2, y2 = box
+        return [(x1, y1, (x1 + x2) // 2, y2), ((x1 + x2) // 2, y1, x2, y2)] if x2 - x1 > 10 else None
+
+    assert len(seams.recurse([(0, 0, 80, 10)], halve, max_depth=2)) == 4
+    # the cutter sees the figure's boxes as they are when it looks (parts appended)
+    assert seen[0] == (0, 1) and all(n in (2, 3) for _, n in seen[1:])
+    assert sorted(seams.recurse([(0, 0, 80, 10)], halve, max_depth=5)) == [
+        (x, 0, x + 10, 10) for x in range(0, 80, 10)
+    ]
+
+
+def test_training_walk_follows_the_true_seams_into_the_parts(tmp_path) -> None:
+    from PIL import Image
+
+    from p2p.mining.cpu.train_seams import Figure, Samples, walk
+
+    rng = np.random.default_rng(8)
+    row = np.hstack([noisy(rng, 100, 80, 40), noisy(rng, 110, 80, 120), noisy(rng, 90, 80, 190)])
+    image = np.full((120, 340, 3), 255, dtype=np.uint8)
+    image[20:100, 20:320] = row
+    path = tmp_path / "figure.png"
+    Image.fromarray(image).save(path)
+    truth = [(20.0, 20.0, 120.0, 100.0), (120.0, 20.0, 230.0, 100.0), (230.0, 20.0, 320.0, 100.0)]
+    figure = Figure(path, [(20, 20, 320, 100)], 10.0, truth)
+    samples = Samples()
+    walk(figure, samples, np.random.default_rng(0))
+    x, y = samples.line_data()
+    others = x[:, FEATURE_NAMES.index("n_boxes")]
+    # the rule box (no other boxes) and, after its cut, the part still holding two panels (one
+    # other box) each show a seam
+    assert (y[others == 0.0] == 1).any() and (y[others == 0.1] == 1).any()
+    assert samples.cut_data()[0].shape == (0, len(seams.CUT_FEATURES))
+    # with a model and the judge's samples: its best line of each box past its threshold,
+    # labelled right (both cuts fall on seams)
+    judged = Samples()
+    walk(figure, judged, np.random.default_rng(0), step_model(), judge=True)
+    cuts, right = judged.cut_data()
+    assert cuts.shape == (2, len(seams.CUT_FEATURES)) and right.tolist() == [1, 1]
+
+
+def test_rule_boxes_are_kept_per_folder_and_rules_version(tmp_path, monkeypatch) -> None:
+    from PIL import Image
+
+    from p2p.mining.cpu import train_seams
+
+    Image.fromarray(np.full((60, 80, 3), 255, dtype=np.uint8)).save(tmp_path / "a.png")
+    calls: list[int] = []
+
+    def rules(image: np.ndarray) -> tuple[list[seams.IntBox], float]:
+        calls.append(1)
+        return [(1, 2, 30, 40)], 7.0
+
+    monkeypatch.setattr(train_seams, "_rule_boxes", rules)
+    entry = {"panels": [{"box": [1, 2, 29, 39]}]}
+    for _ in range(2):
+        (figure,) = train_seams.rule_figures([(tmp_path / "a.png", entry)])
+        assert figure.boxes == [(1, 2, 30, 40)] and figure.u == 7.0 and figure.truth == [(1, 2, 30, 40)]
+    assert len(calls) == 1
+    assert [p.name for p in tmp_path.glob("rule_boxes-*.json")] == [train_seams._rules_cache(tmp_path).name]

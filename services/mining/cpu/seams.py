@@ -12,7 +12,9 @@ scores the lines; a box's best line, when it passes the scorer's threshold, goes
 smaller MLP (the cut judge) that also sees which corners of the two parts carry a label-like
 glyph (``segment.corner_glyphs``): panels of a labelled figure each carry one in the same
 corner, sub-images of one panel do not. A cut the judge accepts splits the box; the parts are
-tightened to their ink and looked at again (``MAX_DEPTH``). Weights ship in ``seam_model.json``
+tightened to their ink and looked at again (``recurse``, ``MAX_DEPTH`` rounds), with the figure's
+boxes as they stand. Both MLPs clip each feature to the range they were trained on before
+standardising (a ReLU MLP extrapolates badly past its data). Weights ship in ``seam_model.json``
 (written by ``train_seams``); inference is plain numpy.
 
     >>> boxes = split_boxes(rgb, boxes)   # boxes: figure pixels, x2/y2 exclusive
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -35,7 +38,7 @@ import numpy as np
 from p2p.mining.cpu.segment import INK_THRESHOLD, _tight, corner_glyphs
 
 MODEL_FILE = "seam_model.json"
-MAX_DEPTH = 3  # five touching panels in a row need three rounds of halving
+MAX_DEPTH = 5  # a 3 x 4 grid of touching panels needs four rounds of halving; one more for an uneven cut
 SCALE = 2  # features are computed on a copy shrunk by this factor (cost), seams placed at full size
 MIN_PART = 20  # px (shrunk): no panel is thinner than this
 MIN_PART_SHARE = 0.06  # of the box's length: nor a sliver of the box
@@ -97,9 +100,14 @@ CUT_FEATURES = (
     "across_match",
     "step_standout",
     "standout_even",
+    # touching pictures fill their box; a drawing on white cut through its blank space does not
+    "line_ink",
+    "box_ink",
+    "step_mean",
+    "colour_6",
 )
 # of the line's own features, those the cut judge sees again
-_JUDGED_LINE_FEATURES = CUT_FEATURES[-6:]
+_JUDGED_LINE_FEATURES = CUT_FEATURES[-10:]
 CORNERS = ("tl", "tr", "bl", "br")
 
 
@@ -316,11 +324,16 @@ def _refine(rgb: np.ndarray, box: IntBox, axis: int, offset: int) -> int:
 
 
 class _Mlp:
-    """Standardise features, then a small MLP (ReLU) -> probability."""
+    """Clip features to the range trained on, standardise, then a small MLP (ReLU) ->
+    probability."""
 
     def __init__(self, model: dict[str, Any], names: tuple[str, ...]) -> None:
         if tuple(model["features"]) != names:
             raise ValueError("model was trained on a different feature set")
+        # a ReLU MLP extrapolates wildly past its data: a step twice as strong as any it saw is
+        # read as the strongest it saw, not as something else
+        self.low = np.asarray(model.get("low", [-np.inf] * len(names)), dtype=np.float64)
+        self.high = np.asarray(model.get("high", [np.inf] * len(names)), dtype=np.float64)
         self.mean = np.asarray(model["mean"], dtype=np.float64)
         self.scale = np.asarray(model["scale"], dtype=np.float64)
         self.layers = [
@@ -330,7 +343,7 @@ class _Mlp:
         self.threshold = float(model["threshold"])
 
     def predict(self, features: np.ndarray) -> np.ndarray:
-        x = (np.atleast_2d(features) - self.mean) / self.scale
+        x = (np.clip(np.atleast_2d(features), self.low, self.high) - self.mean) / self.scale
         for k, (weights, bias) in enumerate(self.layers):
             x = x @ weights + bias
             if k < len(self.layers) - 1:
@@ -428,20 +441,52 @@ def cut_parts(
     return axis, offset, [p for p in (_tight(ink, h) for h in _halves(box, axis, offset)) if p is not None]
 
 
-def best_seam(rgb: np.ndarray, box: IntBox, others: list[IntBox], model: SeamModel) -> Seam | None:
-    """The box's likeliest seam (either axis), or None without candidates."""
-    best: Seam | None = None
+def box_lines(rgb: np.ndarray, box: IntBox, others: list[IntBox]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """The box's candidate lines: (axis, offsets, features) for each axis that has some."""
     x1, y1, x2, y2 = box
     small = _shrink(rgb[y1:y2, x1:x2])
+    out = []
     for axis in (0, 1):
         offsets, features = line_features(rgb, box, axis, others, small)
-        if offsets.size == 0:
-            continue
-        scores = model.predict(features)
-        k = int(np.argmax(scores))
-        if best is None or scores[k] > best.score:
-            best = Seam(axis, int(offsets[k]), float(scores[k]), features[k])
+        if offsets.size:
+            out.append((axis, offsets, features))
+    return out
+
+
+def top_seam(lines: list[tuple[int, np.ndarray, np.ndarray]], scores: list[np.ndarray]) -> Seam | None:
+    """The line (of ``box_lines``) with the highest score, or None without candidates."""
+    best: Seam | None = None
+    for (axis, offsets, features), axis_scores in zip(lines, scores, strict=True):
+        k = int(np.argmax(axis_scores))
+        if best is None or axis_scores[k] > best.score:
+            best = Seam(axis, int(offsets[k]), float(axis_scores[k]), features[k])
     return best
+
+
+def best_seam(rgb: np.ndarray, box: IntBox, others: list[IntBox], model: SeamModel) -> Seam | None:
+    """The box's likeliest seam (either axis), or None without candidates."""
+    lines = box_lines(rgb, box, others)
+    return top_seam(lines, [model.predict(features) for _, _, features in lines])
+
+
+Cutter = Callable[[IntBox, list[IntBox]], "list[IntBox] | None"]
+
+
+def recurse(boxes: list[IntBox], cut: Cutter, max_depth: int = MAX_DEPTH) -> list[IntBox]:
+    """``boxes`` with each one that ``cut(box, all boxes so far)`` splits in two replaced by its
+    first part, the second appended, and both looked at again, ``max_depth`` rounds deep."""
+    out = list(boxes)
+    todo = [(k, 0) for k in range(len(out))]
+    while todo:
+        k, depth = todo.pop()
+        parts = cut(out[k], out)
+        if parts is None:
+            continue
+        out[k] = parts[0]
+        out.append(parts[1])
+        if depth + 1 < max_depth:
+            todo += [(k, depth + 1), (len(out) - 1, depth + 1)]
+    return out
 
 
 def split_boxes(
@@ -461,27 +506,22 @@ def split_boxes(
     judge = model.cuts
     line_threshold = model.threshold if judge is not None or threshold is None else threshold
     cut_threshold = (judge.threshold if threshold is None else threshold) if judge is not None else 0.0
-    if ink is None:
-        ink = rgb.min(axis=2) < INK_THRESHOLD
+    figure_ink = rgb.min(axis=2) < INK_THRESHOLD if ink is None else ink
     gray: np.ndarray | None = None  # for the judge's glyph search, made at the first cut it weighs
-    out = list(boxes)
-    todo = [(k, 0) for k in range(len(out))]
-    while todo:
-        k, depth = todo.pop()
-        box = out[k]
+
+    def cut(box: IntBox, out: list[IntBox]) -> list[IntBox] | None:
+        nonlocal gray
         seam = best_seam(rgb, box, out, model)
         if seam is None or seam.score < line_threshold:
-            continue
-        axis, _, parts = cut_parts(rgb, ink, box, seam.axis, seam.offset)
+            return None
+        axis, _, parts = cut_parts(rgb, figure_ink, box, seam.axis, seam.offset)
         if len(parts) < 2:
-            continue
+            return None
         if judge is not None:
             if gray is None:
                 gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
             if judge.predict(cut_features(gray, u, box, axis, parts, seam))[0] < cut_threshold:
-                continue
-        out[k] = parts[0]
-        out.append(parts[1])
-        if depth + 1 < MAX_DEPTH:
-            todo += [(k, depth + 1), (len(out) - 1, depth + 1)]
-    return out
+                return None
+        return parts
+
+    return recurse(boxes, cut)
