@@ -494,6 +494,29 @@ def test_fusion_training_entry_point_smoke(tmp_path):
     assert all(torch.equal(v, shipped[k]) for k, v in load_weights(weights).state_dict().items())
 
 
+def test_fusion_training_measures_the_candidates_with_the_network_in_out(tmp_path, monkeypatch):
+    """The fusion model sits beside the network of ``--out``: its training candidates are that
+    network's, not the shipped one's (a retrained network's file gets a model of its own)."""
+    from p2p.mining.cpu.train_marker_net import main
+
+    torch.manual_seed(5)
+    weights = tmp_path / "w.pt"
+    save_weights(MarkerNet(), weights, {})
+    used: list = []
+    real = markers_module.panel_candidates
+
+    def spy(image, box, net=None):
+        used.append(net)
+        return real(image, box, net)
+
+    monkeypatch.setattr(markers_module, "panel_candidates", spy)
+    args = ["--fusion", "--data", str(tmp_path / "figs"), "--figures", "2", "--data-seed", "120299"]
+    assert main([*args, "--out", str(weights)]) == 0
+    expected = load_weights(weights).state_dict()
+    assert used and all(n is not None for n in used)
+    assert all(torch.equal(v, expected[k]) for k, v in used[0].state_dict().items())
+
+
 def _hand(rules: list, net: list, size: tuple[int, int]) -> list:
     """The hand-set fusion's markers among ``rules`` and ``net`` on a flat panel of ``size``."""
     from p2p.mining.cpu.markers import _Found, _hand_fusion, _Panel
