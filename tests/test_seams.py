@@ -289,3 +289,18 @@ def test_rule_boxes_are_kept_per_folder_and_rules_version(tmp_path, monkeypatch)
         assert figure.boxes == [(1, 2, 30, 40)] and figure.u == 7.0 and figure.truth == [(1, 2, 30, 40)]
     assert len(calls) == 1
     assert [p.name for p in tmp_path.glob("rule_boxes-*.json")] == [train_seams._rules_cache(tmp_path).name]
+
+
+def test_lines_carry_the_boundary_network_strength() -> None:
+    from p2p.mining.cpu import seam_net
+
+    rng = np.random.default_rng(9)
+    image = np.hstack([noisy(rng, 120, 90, 60), noisy(rng, 140, 90, 150)])
+    maps = seam_net.boundary_maps(image)
+    offsets, features = line_features(image, (0, 0, 260, 90), 0, [], maps=maps)
+    column = features[:, FEATURE_NAMES.index("net_strength")]
+    assert np.array_equal(column, maps.line_strength((0, 0, 260, 90), 0, offsets))
+    assert ((column >= 0.0) & (column <= 1.0)).all()
+    # made from the figure when not given
+    assert np.array_equal(line_features(image, (0, 0, 260, 90), 0, [])[1], features)
+    assert split_boxes(image, [], model=step_model()) == []

@@ -7,7 +7,9 @@ is a candidate seam, described by cheap features from running sums over a half-r
 the box: the colour step across the line and how it stands out from the steps beside it, whether
 the line itself is a uniform rule, how the two sides differ (mean colour, contrast, texture
 energy) in bands of three widths, block by block along the line, the line's position and the
-parts' shapes, and whether the parts' sizes match other panels of the figure. A small MLP
+parts' shapes, whether the parts' sizes match other panels of the figure, and the mean
+probability along the line of a panel boundary in the maps of ``seam_net`` (a network that sees
+the whole figure; retrain this model when its weights change). A small MLP
 scores the lines; a box's best line, when it passes the scorer's threshold, goes to a second,
 smaller MLP (the cut judge) that also sees which corners of the two parts carry a label-like
 glyph (``segment.corner_glyphs``): panels of a labelled figure each carry one in the same
@@ -35,6 +37,7 @@ import cv2
 import numpy as np
 
 # segment imports this module only when its rules are done, so this import is not circular
+from p2p.mining.cpu import seam_net
 from p2p.mining.cpu.segment import INK_THRESHOLD, _tight, corner_glyphs
 
 MODEL_FILE = "seam_model.json"
@@ -79,6 +82,8 @@ FEATURE_NAMES = (
     "across_match",
     "box_ink",
     "axis",
+    # the panel-boundary network's mean probability along the line (seam_net, whole-figure view)
+    "net_strength",
 )
 
 
@@ -136,13 +141,19 @@ def _match(lengths: np.ndarray, others: np.ndarray) -> np.ndarray:
 
 
 def line_features(
-    rgb: np.ndarray, box: IntBox, axis: int, others: list[IntBox], small: np.ndarray | None = None
+    rgb: np.ndarray,
+    box: IntBox,
+    axis: int,
+    others: list[IntBox],
+    small: np.ndarray | None = None,
+    maps: seam_net.BoundaryMaps | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Candidate seams of ``box`` across ``axis`` (0: vertical lines) and their features.
 
     Returns full-size offsets from the box's start (the first column/row of the second part) and
     one feature row per offset (``FEATURE_NAMES``). ``others`` are the figure's other panel boxes;
-    ``small``, the box's crop already shrunk.
+    ``small``, the box's crop already shrunk; ``maps``, the figure's boundary maps (made here
+    when not given).
     """
     x1, y1, x2, y2 = box
     if small is None:
@@ -303,6 +314,7 @@ def line_features(
             const(across_match),
             const(float(ink.mean())),
             const(float(axis)),
+            (maps or seam_net.boundary_maps(rgb)).line_strength(box, axis, offsets),
         ]
     )
     return offsets, features
@@ -441,13 +453,15 @@ def cut_parts(
     return axis, offset, [p for p in (_tight(ink, h) for h in _halves(box, axis, offset)) if p is not None]
 
 
-def box_lines(rgb: np.ndarray, box: IntBox, others: list[IntBox]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def box_lines(
+    rgb: np.ndarray, box: IntBox, others: list[IntBox], maps: seam_net.BoundaryMaps
+) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """The box's candidate lines: (axis, offsets, features) for each axis that has some."""
     x1, y1, x2, y2 = box
     small = _shrink(rgb[y1:y2, x1:x2])
     out = []
     for axis in (0, 1):
-        offsets, features = line_features(rgb, box, axis, others, small)
+        offsets, features = line_features(rgb, box, axis, others, small, maps)
         if offsets.size:
             out.append((axis, offsets, features))
     return out
@@ -463,9 +477,11 @@ def top_seam(lines: list[tuple[int, np.ndarray, np.ndarray]], scores: list[np.nd
     return best
 
 
-def best_seam(rgb: np.ndarray, box: IntBox, others: list[IntBox], model: SeamModel) -> Seam | None:
+def best_seam(
+    rgb: np.ndarray, box: IntBox, others: list[IntBox], model: SeamModel, maps: seam_net.BoundaryMaps
+) -> Seam | None:
     """The box's likeliest seam (either axis), or None without candidates."""
-    lines = box_lines(rgb, box, others)
+    lines = box_lines(rgb, box, others, maps)
     return top_seam(lines, [model.predict(features) for _, _, features in lines])
 
 
@@ -508,10 +524,13 @@ def split_boxes(
     cut_threshold = (judge.threshold if threshold is None else threshold) if judge is not None else 0.0
     figure_ink = rgb.min(axis=2) < INK_THRESHOLD if ink is None else ink
     gray: np.ndarray | None = None  # for the judge's glyph search, made at the first cut it weighs
+    if not boxes:
+        return []
+    maps = seam_net.boundary_maps(rgb)
 
     def cut(box: IntBox, out: list[IntBox]) -> list[IntBox] | None:
         nonlocal gray
-        seam = best_seam(rgb, box, out, model)
+        seam = best_seam(rgb, box, out, model, maps)
         if seam is None or seam.score < line_threshold:
             return None
         axis, _, parts = cut_parts(rgb, figure_ink, box, seam.axis, seam.offset)

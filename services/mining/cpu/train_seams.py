@@ -3,9 +3,9 @@
 The shipped model comes from two runs (the line scorer, then the cut judge on top of it):
 
     python -m p2p.mining.cpu.train_seams --data /tmp/seams/train --seeds 110000-110009 \\
-        --held-seeds 110010-110011 --per-seed 200 --out /tmp/seams/m1/model.json
+        --held-seeds 110010-110011 --per-seed 200 --out /tmp/seams/n1/lines.json
     python -m p2p.mining.cpu.train_seams --data /tmp/seams/train --seeds 110000-110009 \\
-        --held-seeds 110010-110011 --per-seed 200 --lines /tmp/seams/m1/model.json --judge \\
+        --held-seeds 110010-110011 --per-seed 200 --lines /tmp/seams/n1/lines.json --judge \\
         --judge-threshold 0.97 --out services/mining/cpu/seam_model.json
 
 Figures are synthesised (``p2p synth DATA/SEED --count PER_SEED --seed SEED``; seeds 110000-110199
@@ -26,8 +26,8 @@ with the parts' label glyphs. The deciding threshold maximises panel F1 at IoU 0
 held-apart figures (``--held-seeds``, or the last ``--hold`` share), which no MLP sees. The
 shipped cut judge's is set by hand (``--judge-threshold``): at the held-apart best (0.85) it cut
 a real schematic on white (s41467-018-06211-3 fig1: both halves with text at the top left, sizes
-matching the figure's other panels, as two missed panels look) at 0.96. Same data and seeds ->
-same model.
+matching the figure's other panels, as two missed panels look) at 0.96. Same data, seeds and
+``seam_net.pt`` (the lines' ``net_strength``) -> same model.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from p2p.mining.cpu import segment
+from p2p.mining.cpu import seam_net, segment
 from p2p.mining.cpu.eval_panels import load_image
 from p2p.mining.cpu.seams import (
     CUT_FEATURES,
@@ -220,11 +220,12 @@ def walk(
     when it passes the model's threshold (the gate), labelled right or wrong."""
     image = figure.image()
     ink = ink_mask(image)
+    maps = seam_net.boundary_maps(image)
     gray = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY) if judge else None
     colour = FEATURE_NAMES.index("colour_6")
 
     def cut(box: IntBox, out: list[IntBox]) -> list[IntBox] | None:
-        lines = box_lines(image, box, out)
+        lines = box_lines(image, box, out, maps)
         scores = [model.predict(f) if model is not None else f[:, colour] for _, _, f in lines]
         best: tuple[float, int, int] | None = None  # (score, axis, offset) of the best true seam
         for (axis, offsets, features), axis_scores in zip(lines, scores, strict=True):
