@@ -191,3 +191,11 @@ def test_training_is_deterministic_given_the_seed():
     a = train([figure], settings, report_every=100).state_dict()
     b = train([figure], settings, report_every=100).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_miner_loads_the_network_at_start():
+    from p2p.mining.pipeline import CpuMiner
+
+    seam_net.shipped_net.cache_clear()
+    CpuMiner(load_text_encoder=False)
+    assert seam_net.shipped_net.cache_info().currsize == 1

@@ -71,6 +71,7 @@ class CpuMiner:
         from p2p.mining.cpu.labels import warm_up
         from p2p.mining.cpu.marker_net import shipped_fusion, shipped_net
         from p2p.mining.cpu.panel_type import default_classifier
+        from p2p.mining.cpu.seam_net import shipped_net as seam_net
         from p2p.mining.cpu.seams import default_model as seam_model
 
         self.params = params or CpuMinerParams()
@@ -81,6 +82,7 @@ class CpuMiner:
         shipped_net()  # the marker network too: a missing weights file stops the worker at start
         shipped_fusion()  # and the fusion model stored beside it
         seam_model()  # and the segmenter's seam splitter
+        seam_net()  # with the panel-boundary network it reads
         if load_text_encoder:
             _ = self.text_encoder.model  # the sentence encoder too
 

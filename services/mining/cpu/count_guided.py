@@ -18,6 +18,7 @@ import itertools
 
 import numpy as np
 
+from p2p.mining.cpu import seam_net
 from p2p.mining.cpu.seams import IntBox, SeamModel, best_seam, cut_parts, default_model
 from p2p.mining.cpu.segment import _without_sliver
 
@@ -44,13 +45,14 @@ def split_to_count(
         return boxes, confidence
     model = model or default_model()
     boxes, confidence = list(boxes), list(confidence)
+    maps = seam_net.boundary_maps(rgb)
     spent: set[IntBox] = set()  # boxes with no usable cut left
     while len(boxes) < named:
         best: tuple[float, int, int, list[IntBox]] | None = None  # score, box index, axis, parts
         for k, box in enumerate(boxes):
             if box in spent:
                 continue
-            seam = best_seam(rgb, box, boxes, model)
+            seam = best_seam(rgb, box, boxes, model, maps)
             if seam is None or seam.score < min_score:
                 spent.add(box)
                 continue
