@@ -2155,13 +2155,15 @@ def _find(native_rgb: np.ndarray, *, use_net: bool, net: marker_net.MarkerNet | 
     peaks = [
         m for m in marker_net.decode(out, _NET_CANDIDATE) if m.point[0] < native.w and m.point[1] < native.h
     ]
-    net = _net_cands(panel, peaks, native)
+    net_cands = _net_cands(panel, peaks, native)
     # A scale bar's text is not a marker for the network either (the rules filter their own).
     bars = _scale_bars(native)
     if bars:
         back = native.w / panel.w
-        net = [c for c in net if c.kind == "inset" or not _on_scale_bar(_scaled(c, back, back).glyph, bars)]
-    return _Found(panel, native, rules, net, out[: len(marker_net.KINDS)])
+        net_cands = [
+            c for c in net_cands if c.kind == "inset" or not _on_scale_bar(_scaled(c, back, back).glyph, bars)
+        ]
+    return _Found(panel, native, rules, net_cands, out[: len(marker_net.KINDS)])
 
 
 def _near(a: _Cand, b: _Cand, reach: float) -> bool:
