@@ -37,15 +37,18 @@ def split_to_count(
     *,
     model: SeamModel | None = None,
     min_score: float = MIN_SCORE,
+    maps: seam_net.BoundaryMaps | None = None,
 ) -> tuple[list[IntBox], list[float]]:
     """``boxes`` (with their ``confidence``) with their likeliest seams cut until there are
     ``named`` of them (the number of panels the caption names), or until no line scores
-    ``min_score``. ``ink``: the figure's content mask, which the parts are tightened to."""
+    ``min_score``. ``ink``: the figure's content mask, which the parts are tightened to;
+    ``maps``: the figure's boundary maps when the caller already has them."""
     if not boxes or named <= len(boxes) or named > MAX_NAMED:
         return boxes, confidence
     model = model or default_model()
     boxes, confidence = list(boxes), list(confidence)
-    maps = seam_net.boundary_maps(rgb)
+    if maps is None:
+        maps = seam_net.boundary_maps(rgb)
     spent: set[IntBox] = set()  # boxes with no usable cut left
     while len(boxes) < named:
         best: tuple[float, int, int, list[IntBox]] | None = None  # score, box index, axis, parts

@@ -513,11 +513,13 @@ def split_boxes(
     u: float = 10.0,
     model: SeamModel | None = None,
     threshold: float | None = None,
+    maps: seam_net.BoundaryMaps | None = None,
 ) -> list[IntBox]:
     """``boxes`` with each box that holds touching panels cut along its seams (recursively,
     ``MAX_DEPTH``), every part tightened to its ink (``ink``: the figure's ink mask). ``u`` is
     the figure's text unit (px), for the label-glyph search; ``threshold`` overrides the
-    deciding one (the cut judge's when the model has one, else the line scorer's)."""
+    deciding one (the cut judge's when the model has one, else the line scorer's); ``maps``, the
+    figure's boundary maps when the caller already has them."""
     model = model or default_model()
     judge = model.cuts
     line_threshold = model.threshold if judge is not None or threshold is None else threshold
@@ -526,7 +528,8 @@ def split_boxes(
     gray: np.ndarray | None = None  # for the judge's glyph search, made at the first cut it weighs
     if not boxes:
         return []
-    maps = seam_net.boundary_maps(rgb)
+    if maps is None:
+        maps = seam_net.boundary_maps(rgb)
 
     def cut(box: IntBox, out: list[IntBox]) -> list[IntBox] | None:
         nonlocal gray

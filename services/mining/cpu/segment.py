@@ -54,12 +54,16 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import Box
+
+if TYPE_CHECKING:  # the network (and torch) load only when the seam splitter runs
+    from p2p.mining.cpu.seam_net import BoundaryMaps
 
 INK_THRESHOLD = 225  # darkest channel below this = ink (as in the annotation notes)
 MAX_ANALYSIS_SIDE = 1600  # larger figures are analysed on an ink-preserving downscale
@@ -1388,9 +1392,12 @@ def segment_panels(
             keep_ink = full_mask & kept.astype(bool)
         else:
             keep_ink = keep_mask
-        results = _split_seams(rgb, keep_ink, u * factor, results)
+        from p2p.mining.cpu.seam_net import boundary_maps  # torch loads only when seams are looked for
+
+        maps = boundary_maps(rgb)  # one network pass serves the seam splitter and the count
+        results = _split_seams(rgb, keep_ink, u * factor, results, maps)
         if named is not None and named != len(results):
-            results = _to_count(rgb, keep_ink, results, named)
+            results = _to_count(rgb, keep_ink, results, named, maps)
     if not results:
         box = _tight(full_mask, (0, 0, width, height))
         if box is not None:
@@ -1398,8 +1405,12 @@ def segment_panels(
     return results
 
 
+def _int_boxes(panels: list[PanelCandidate]) -> list[IntBox]:
+    return [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in panels]
+
+
 def _split_seams(
-    rgb: np.ndarray, ink: np.ndarray, u: float, panels: list[PanelCandidate]
+    rgb: np.ndarray, ink: np.ndarray, u: float, panels: list[PanelCandidate], maps: BoundaryMaps
 ) -> list[PanelCandidate]:
     """Boxes of touching panels the rules left whole, cut along their seams (``u``: the text
     unit, full size). A cut box's first part keeps its confidence; the parts split off it get
@@ -1407,8 +1418,8 @@ def _split_seams(
     box is)."""
     from p2p.mining.cpu.seams import split_boxes  # the seam splitter reuses this module's masks
 
-    boxes = [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in panels]
-    split = split_boxes(rgb, boxes, ink=ink, u=u)
+    boxes = _int_boxes(panels)
+    split = split_boxes(rgb, boxes, ink=ink, u=u, maps=maps)
     if split == boxes:
         return panels
     confidences = [p.confidence for p in panels]
@@ -1420,15 +1431,15 @@ def _split_seams(
 
 
 def _to_count(
-    rgb: np.ndarray, ink: np.ndarray, panels: list[PanelCandidate], named: int
+    rgb: np.ndarray, ink: np.ndarray, panels: list[PanelCandidate], named: int, maps: BoundaryMaps
 ) -> list[PanelCandidate]:
     """``panels`` cut or joined towards the ``named`` panels of the caption."""
     from p2p.mining.cpu.count_guided import merge_to_count, split_to_count  # it reuses this module
 
-    boxes = [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in panels]
+    boxes = _int_boxes(panels)
     confidences = [p.confidence for p in panels]
     if named > len(boxes):
-        boxes, confidences = split_to_count(rgb, ink, boxes, confidences, named)
+        boxes, confidences = split_to_count(rgb, ink, boxes, confidences, named, maps=maps)
     else:
         boxes, confidences = merge_to_count(boxes, confidences, named)
     return [PanelCandidate(box=_float_box(b), confidence=c) for b, c in zip(boxes, confidences, strict=True)]
