@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import random
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -85,3 +87,10 @@ def job_row_counts(runtime: Any, job_id: str) -> tuple[int, int]:
             .where(Panel.mining_job_id == uuid.UUID(job_id))
         )
     return int(panels or 0), int(regions or 0)
+
+
+def run_module(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` in a fresh interpreter, as a user would run it (output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout
+    )

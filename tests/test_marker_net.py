@@ -6,8 +6,6 @@ on tiny generated figures)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from p2p.mining.cpu.marker_net import (
     save_weights,
 )
 from p2p.mining.cpu.markers import FUSION_FEATURES, detect_markers
+from tests.helpers import run_module
 
 MARKERS = [
     {
@@ -213,12 +212,7 @@ def test_training_entry_point_smoke_and_deterministic(tmp_path):
     data, first, second = tmp_path / "figs", tmp_path / "a.pt", tmp_path / "b.pt"
     common = ["--data", str(data), "--figures", "3", "--data-seed", "100001", "--steps", "3", "--batch", "2",
               "--patch", "64", "--threads", "1", "--seed", "5"]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "p2p.mining.cpu.train_marker_net", *common, "--out", str(first)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_module("p2p.mining.cpu.train_marker_net", *common, "--out", str(first))
     assert done.returncode == 0, done.stderr
     assert "step 3/3" in done.stdout
     from p2p.mining.cpu.train_marker_net import main

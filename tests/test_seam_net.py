@@ -4,8 +4,6 @@ point (a CPU smoke run on tiny generated figures)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -25,6 +23,7 @@ from p2p.mining.cpu.seam_net import (
     load_weights,
     save_weights,
 )
+from tests.helpers import run_module
 
 
 def _maps_of_truth(boxes: list[tuple[int, int, int, int]], h: int, w: int, scale: float) -> BoundaryMaps:
@@ -166,12 +165,7 @@ def test_training_command_makes_figures_and_writes_loadable_weights(tmp_path):
     data, weights = tmp_path / "figs", tmp_path / "w.pt"
     args = ["--data", str(data), "--figures", "2", "--data-seed", "140001", "--steps", "2", "--batch", "2",
             "--patch", "64", "--report-every", "1"]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "p2p.mining.cpu.train_seam_net", *args, "--out", str(weights)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_module("p2p.mining.cpu.train_seam_net", *args, "--out", str(weights))
     assert done.returncode == 0, done.stderr
     assert "2 figures" in done.stdout and "step 2/2" in done.stdout
     assert torch.load(weights, weights_only=True)["meta"]["steps"] == 2
