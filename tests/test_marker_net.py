@@ -620,3 +620,28 @@ def test_a_network_box_of_middling_score_is_a_marker():
     weak = _Cand("box", (200, 50, 260, 110), (230.0, 80.0), 0.35, region=(203.0, 53.0, 257.0, 107.0))
     net = [box, weak]
     assert _hand([], net, size) == [box]
+
+
+def test_two_peaks_on_one_glyph_count_once_towards_a_crowd():
+    """The network often peaks at both ends of an arrow: three arrows with two peaks each are
+    three markers, not a crowd of six."""
+    from p2p.mining.cpu.markers import _NET_CROWD_KIND, _Cand
+
+    size = (200, 600)
+
+    def peak(i: int, end: float) -> _Cand:
+        x = 20.0 + 150.0 * i
+        return _Cand(
+            "arrow",
+            (int(x), 96, int(x) + 30, 104),
+            (x + end, 100.0),
+            0.49 + 0.01 * end / 30,  # the peak at the tip is the stronger
+            region=(x + end, 92.0, x + end + 16, 108.0),
+            direction=0.0,
+        )
+
+    arrows = [peak(i, 30.0) for i in range(3)]
+    tails = [peak(i, 0.0) for i in range(3)]
+    assert len(arrows + tails) > _NET_CROWD_KIND["arrow"]
+    net = arrows + tails
+    assert _hand([], net, size) == arrows

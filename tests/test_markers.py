@@ -462,3 +462,22 @@ def test_glyph_only_pass_reports_no_outlines():
     panel = _Panel(panel_image(draw, seed=11))
     assert {c.kind for c in _rule_cands(panel)} >= {"arrow", "box"}
     assert {c.kind for c in _rule_cands(panel, glyphs_only=True)} == {"arrow"}
+
+
+def test_a_network_arrow_facing_its_tail_is_turned_round():
+    """The network's peak on the flat end of an arrow points its target behind the arrow; the
+    glyph's widest cross-section (the head) says which end is the tip."""
+    from p2p.mining.cpu.markers import _Cand, _orient, _Panel, _target
+
+    img = Image.fromarray(texture(seed=5))
+    draw_arrow(ImageDraw.Draw(img), (200.0, 120.0), 0.0, 60.0, (255, 220, 0), shaft=3, head=10.0)
+    panel = _Panel(np.asarray(img))
+    glyph = (139, 112, 202, 129)
+    behind = (110.0, 105.0, 140.0, 135.0)
+    backwards = _Cand("arrow", glyph, (140.0, 120.0), 0.5, region=behind, direction=180.0)
+    turned = _orient(panel, backwards)
+    assert turned.direction == 0.0
+    assert math.dist(turned.point, (200.0, 120.0)) <= 3.0
+    assert contains_point(_target(turned, panel.w, panel.h), 215.0, 120.0)
+    forwards = _Cand("arrow", glyph, (200.0, 120.0), 0.5, region=(200.0, 105.0, 230.0, 135.0), direction=0.0)
+    assert _orient(panel, forwards) is forwards

@@ -2298,9 +2298,15 @@ def _hand_fusion(found: _Found) -> list[int]:
 
 
 def _crowded_kinds(net: list[_Cand]) -> set[str]:
-    """Kinds of which the network has more peaks at their level than ``_NET_CROWD`` (or
-    ``_NET_CROWD_KIND``) in the panel: texture, not markers."""
-    crowd = Counter(c.kind for c in net if c.score >= NET_THRESHOLDS[c.kind])
+    """Kinds of which the network has more glyphs with a peak at their level than ``_NET_CROWD``
+    (or ``_NET_CROWD_KIND``) in the panel: texture, not markers. Peaks on one glyph count once:
+    the network often peaks at both ends of a block arrow, and a panel of three such arrows is
+    not a crowd of six."""
+    glyphs: list[_Cand] = []
+    for c in sorted((c for c in net if c.score >= NET_THRESHOLDS[c.kind]), key=lambda c: -c.score):
+        if not any(o.kind == c.kind and _iou(o.glyph, c.glyph) > _SAME_GLYPH_IOU for o in glyphs):
+            glyphs.append(c)
+    crowd = Counter(c.kind for c in glyphs)
     return {kind for kind, n in crowd.items() if n > _NET_CROWD_KIND.get(kind, _NET_CROWD)}
 
 
@@ -2343,7 +2349,65 @@ def _choose(found: _Found, cands: list[_Cand], probability: np.ndarray) -> list[
         ):
             continue
         chosen.append(c)
-    return chosen
+    net = {id(c) for c in found.net}
+    return [_orient(found.panel, c) if id(c) in net and c.kind in _POINTING else c for c in chosen]
+
+
+# A pointing glyph's widest cross-section (the barbs of its head) lies in the part of its length
+# towards the tip: below this fraction of the length from the network's tip it faces the other way.
+_HEAD_END = 0.45
+# ... and only when that cross-section is this much wider than the glyph's typical one (a shaft
+# with no head to speak of gives no direction).
+_HEAD_WIDER = 1.2
+
+
+def _orient(panel: _Panel, cand: _Cand) -> _Cand:
+    """A network arrow or arrowhead turned round when its ink says the head is at the other end.
+
+    The network's peak sometimes sits on the tail of an arrow (a block arrow's flat end looks
+    like a tip to it), so its target box lies behind the arrow. The glyph's ink (its largest
+    component of strong contrast against the background estimate) is measured across the
+    network's axis, slice by slice: the head is the widest part and lies near the tip."""
+    if cand.direction is None:
+        return cand
+    gx1, gy1, gx2, gy2 = cand.glyph
+    x1, y1, x2, y2 = max(0, gx1 - 2), max(0, gy1 - 2), min(panel.w, gx2 + 2), min(panel.h, gy2 + 2)
+    if x2 - x1 < 3 or y2 - y1 < 3:
+        return cand
+    ink = cv2.absdiff(panel.rgb[y1:y2, x1:x2], panel.bg_rgb[y1:y2, x1:x2]).max(axis=-1)
+    top = int(ink.max())
+    if top < 40:
+        return cand
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(
+        (ink >= max(40, top // 2)).view(np.uint8), connectivity=8
+    )
+    if n < 2:
+        return cand
+    ys, xs = np.nonzero(labels == 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA])))
+    if len(xs) < 8:
+        return cand
+    rad = math.radians(cand.direction)
+    ux, uy = math.cos(rad), math.sin(rad)
+    dx, dy = xs - (cand.point[0] - x1), ys - (cand.point[1] - y1)
+    along = dx * ux + dy * uy
+    across = dy * ux - dx * uy
+    lo = float(along.min())
+    length = float(along.max()) - lo
+    if length < 6:
+        return cand
+    slices = np.floor(along - lo).astype(np.intp)
+    high = np.full(int(slices.max()) + 1, -np.inf)
+    low = np.full(len(high), np.inf)
+    np.maximum.at(high, slices, across)
+    np.minimum.at(low, slices, across)
+    width = np.where(high >= low, high - low + 1.0, 0.0)
+    widest = (float(np.argmax(width)) + 0.5) / length  # 0 at the tail end, 1 at the tip end
+    if widest >= _HEAD_END or width.max() < _HEAD_WIDER * float(np.median(width[width > 0])):
+        return cand
+    tail = along <= lo + 1.0
+    tip = (float(xs[tail].mean()) + x1, float(ys[tail].mean()) + y1)
+    # The network's target box lay ahead of its tip; ``_target`` places it ahead of the new one.
+    return replace(cand, point=tip, direction=(cand.direction + 180.0) % 360.0, region=None)
 
 
 def detect_markers(image: np.ndarray, panel_box: Box, *, use_net: bool = True) -> list[Marker]:
