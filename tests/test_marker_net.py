@@ -645,3 +645,29 @@ def test_two_peaks_on_one_glyph_count_once_towards_a_crowd():
     assert len(arrows + tails) > _NET_CROWD_KIND["arrow"]
     net = arrows + tails
     assert _hand([], net, size) == arrows
+
+
+def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_source():
+    """A zoom-in has a source region: when the panel's chosen markers have an inset and no box,
+    the most probable weak box peak outside the inset is reported; without an inset it is not,
+    nor is a box peak on the inset itself."""
+    from p2p.mining.cpu.markers import _SOURCE_BOX, _Cand, _choose, _Found, _Panel
+
+    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+    inset = _Cand("inset", (200, 0, 300, 80), (250.0, 40.0), 0.9, region=(200.0, 0.0, 300.0, 80.0))
+
+    def box(x: int, y: int, score: float) -> _Cand:
+        return _Cand(
+            "box", (x, y, x + 16, y + 16), (x + 8.0, y + 8.0), score, region=(x, y, x + 16.0, y + 16.0)
+        )
+
+    likely, unlikely, faint = (
+        box(40, 120, _SOURCE_BOX + 0.05),
+        box(120, 150, 0.3),
+        box(60, 40, _SOURCE_BOX - 0.05),
+    )
+    on_inset = box(240, 30, 0.35)
+    net = [likely, unlikely, faint, on_inset]
+    probability = np.array([0.9, 0.5, 0.3, 0.7, 0.6])  # the faint one and the one on the inset likelier
+    assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability) == [inset, likely]
+    assert _choose(_Found(panel, panel, [], net, None), net, probability[1:]) == []

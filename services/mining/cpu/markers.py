@@ -75,7 +75,7 @@ import numpy as np
 
 from p2p.mining.cpu import marker_net
 from p2p.mining.types import Marker
-from p2p.shared.geometry import Box
+from p2p.shared.geometry import Box, contains_point
 
 MIN_CONFIDENCE = 0.35  # candidates scoring lower are dropped
 # Arrows are tested against an ideal arrow shape; below this the look-alikes (texture ridges,
@@ -2349,8 +2349,40 @@ def _choose(found: _Found, cands: list[_Cand], probability: np.ndarray) -> list[
         ):
             continue
         chosen.append(c)
+    chosen += _inset_source(found, cands, probability, chosen)
     net = {id(c) for c in found.net}
     return [_orient(found.panel, c) if id(c) in net and c.kind in _POINTING else c for c in chosen]
+
+
+# A box candidate scoring this much may be an inset's source region (below the network's level
+# for boxes: the source of a zoom-in is often a small, thin rectangle that it sees only faintly).
+_SOURCE_BOX = 0.2
+
+
+def _inset_source(
+    found: _Found, cands: list[_Cand], probability: np.ndarray, chosen: list[_Cand]
+) -> list[_Cand]:
+    """The most probable box candidate outside a chosen inset, when the panel has an inset but no
+    chosen box: a zoom-in has a source region, and when no connecting lines led to it
+    (``_inset_sources``) its drawn rectangle is the likeliest of the weak boxes."""
+    insets = [c for c in chosen if c.kind == "inset"]
+    if not insets or any(c.kind == "box" for c in chosen):
+        return []
+    reach = _SAME_POINT * found.panel.diag
+    best: int | None = None
+    for i, c in enumerate(cands):
+        if c.kind != "box" or c.score < _SOURCE_BOX:
+            continue
+        if any(
+            _iou(c.glyph, s.glyph) > 0 or contains_point(_target(s, found.panel.w, found.panel.h), *c.point)
+            for s in insets
+        ):
+            continue
+        if any(_one_marker(c, o, reach) for o in chosen):
+            continue
+        if best is None or probability[i] > probability[best]:
+            best = i
+    return [] if best is None else [cands[best]]
 
 
 # A pointing glyph's widest cross-section (the barbs of its head) lies in the part of its length
