@@ -611,15 +611,17 @@ def test_four_network_arrows_in_a_panel_are_markers_four_stars_are_texture():
 
 
 def test_a_network_box_of_middling_score_is_a_marker():
-    """A box the rules miss (a washed-out outline) that the network scores 0.45 is reported;
-    a box peak of 0.35 (sharp texture edges) is not."""
+    """A box the rules miss (a washed-out outline) that the network scores 0.45 is reported, and
+    so is a small thin rectangle (an inset's source) it sees only faintly, at 0.3; a box peak of
+    0.25 (sharp texture edges) is not."""
     from p2p.mining.cpu.markers import _Cand
 
     size = (200, 300)
     box = _Cand("box", (100, 50, 160, 110), (130.0, 80.0), 0.45, region=(103.0, 53.0, 157.0, 107.0))
-    weak = _Cand("box", (200, 50, 260, 110), (230.0, 80.0), 0.35, region=(203.0, 53.0, 257.0, 107.0))
-    net = [box, weak]
-    assert _hand([], net, size) == [box]
+    faint = _Cand("box", (20, 150, 40, 170), (30.0, 160.0), 0.3, region=(20.0, 150.0, 40.0, 170.0))
+    weak = _Cand("box", (200, 50, 260, 110), (230.0, 80.0), 0.25, region=(203.0, 53.0, 257.0, 107.0))
+    net = [box, faint, weak]
+    assert _hand([], net, size) == [box, faint]
 
 
 def test_two_peaks_on_one_glyph_count_once_towards_a_crowd():
@@ -663,10 +665,10 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
 
     likely, unlikely, faint = (
         box(40, 120, _SOURCE_BOX + 0.05),
-        box(120, 150, 0.3),
+        box(120, 150, 0.28),
         box(60, 40, _SOURCE_BOX - 0.05),
     )
-    on_inset = box(240, 30, 0.35)
+    on_inset = box(240, 30, 0.28)
     net = [likely, unlikely, faint, on_inset]
     probability = np.array([0.9, 0.5, 0.3, 0.7, 0.6])  # the faint one and the one on the inset likelier
     assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability) == [inset, likely]
