@@ -673,3 +673,15 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     probability = np.array([0.9, 0.5, 0.3, 0.7, 0.6])  # the faint one and the one on the inset likelier
     assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability) == [inset, likely]
     assert _choose(_Found(panel, panel, [], net, None), net, probability[1:]) == []
+
+
+def test_symbols_are_rescued_at_a_lower_probability_than_pointing_markers():
+    from p2p.mining.cpu.markers import _RESCUE, _RESCUE_KIND, _Cand, _choose, _Found, _Panel
+
+    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+    star = _Cand("star", (40, 40, 48, 48), (44.0, 44.0), 0.2, region=(34.0, 34.0, 54.0, 54.0))
+    head = _Cand("arrowhead", (200, 150, 210, 160), (208.0, 158.0), 0.2, region=(208.0, 150.0, 228.0, 170.0))
+    middling = _RESCUE_KIND["star"] + 0.05
+    assert middling < _RESCUE
+    net = [star, head]
+    assert _choose(_Found(panel, panel, [], net, None), net, np.array([middling, middling])) == [star]
