@@ -137,9 +137,10 @@ def test_line_labels_count_a_panel_reaching_into_the_box() -> None:
     assert set(offsets[labels == 1].tolist()) == set(range(98, 113, 2))
 
 
-def labelled_pair(rng: np.random.Generator, second_label: bool) -> np.ndarray:
-    """Two dark 'fluorescence' images touching, each with a white label at its top left (the
-    second only when ``second_label``; without it, two sub-images of one panel)."""
+def labelled_pair(rng: np.random.Generator, second_label: bool, bottom: bool = False) -> np.ndarray:
+    """Two dark 'fluorescence' images touching, each with a white label at its top left (at the
+    bottom left when ``bottom``; the second only when ``second_label``; without it, two
+    sub-images of one panel)."""
     from PIL import Image, ImageDraw
 
     from tests.test_segment import font
@@ -147,17 +148,18 @@ def labelled_pair(rng: np.random.Generator, second_label: bool) -> np.ndarray:
     image = np.hstack([noisy(rng, 160, 140, 20), noisy(rng, 150, 140, 70)])
     pil = Image.fromarray(image)
     draw = ImageDraw.Draw(pil)
-    draw.text((5, 3), "A", fill=(255, 255, 255), font=font(20))
+    y = 112 if bottom else 3
+    draw.text((5, y), "A", fill=(255, 255, 255), font=font(20))
     if second_label:
-        draw.text((165, 3), "B", fill=(255, 255, 255), font=font(20))
+        draw.text((165, y), "B", fill=(255, 255, 255), font=font(20))
     return np.asarray(pil).copy()
 
 
 def glyph_judge() -> dict[str, object]:
     """A hand-made cut judge: cut only when both parts carry a glyph at the top left."""
     weights = np.zeros((len(seams.CUT_FEATURES), 1))
-    weights[seams.CUT_FEATURES.index("glyph_a_first"), 0] = 10.0
-    weights[seams.CUT_FEATURES.index("glyph_b_first"), 0] = 10.0
+    weights[seams.CUT_FEATURES.index("glyph_a_label"), 0] = 10.0
+    weights[seams.CUT_FEATURES.index("glyph_b_label"), 0] = 10.0
     return {
         "features": list(seams.CUT_FEATURES),
         "mean": [0.0] * len(seams.CUT_FEATURES),
@@ -176,10 +178,40 @@ def test_cut_features_see_the_label_of_each_part() -> None:
         parts = [(0, 0, 160, 140), (160, 0, 310, 140)]
         seam = seams.Seam(0, 160, 0.9, np.zeros(len(FEATURE_NAMES)))
         features = seams.cut_features(gray, 10.0, (0, 0, 310, 140), 0, parts, seam)
-        assert features[names.index("glyph_a_first")] == 1.0
-        assert features[names.index("glyph_b_first")] == expected
-        assert features[names.index("glyph_box_first")] == 1.0
+        assert features[names.index("glyph_a_label")] == 1.0
+        assert features[names.index("glyph_b_label")] == expected
+        assert features[names.index("glyph_box_label")] == 1.0
+        assert features[names.index("label_share")] == 0.0
         assert features[names.index("seam_logit")] == pytest.approx(np.log(9.0))
+
+
+def test_label_corner_is_where_most_other_boxes_carry_a_glyph() -> None:
+    tl, bl = frozenset({"tl"}), frozenset({"bl"})
+    assert seams.label_corner([bl, bl, tl, frozenset()]) == ("bl", 0.5)
+    # a tie, no glyphs or no other boxes: the top left
+    assert seams.label_corner([bl, tl]) == ("tl", 0.5)
+    assert seams.label_corner([frozenset(), frozenset()]) == ("tl", 0.0)
+    assert seams.label_corner([]) == ("tl", 0.0)
+
+
+def test_cut_features_read_the_figure_s_own_label_corner() -> None:
+    # the pair labelled at the bottom left, above two panels labelled there too: both parts
+    # carry the figure's label; with no other boxes the top left is looked at and neither does
+    rng = np.random.default_rng(10)
+    names = seams.CUT_FEATURES
+    image = np.vstack([labelled_pair(rng, True, bottom=True), labelled_pair(rng, True, bottom=True)])
+    gray = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+    box, parts = (0, 0, 310, 140), [(0, 0, 160, 140), (160, 0, 310, 140)]
+    others = [box, (0, 140, 160, 280), (160, 140, 310, 280)]
+    seam = seams.Seam(0, 160, 0.9, np.zeros(len(FEATURE_NAMES)))
+    seen: seams.Corners = {}
+    features = seams.cut_features(gray, 10.0, box, 0, parts, seam, others, seen)
+    assert features[names.index("glyph_a_label")] == 1.0
+    assert features[names.index("glyph_b_label")] == 1.0
+    assert features[names.index("label_share")] == 1.0
+    assert seen[(0, 140, 160, 280)] == frozenset({"bl"})
+    alone = seams.cut_features(gray, 10.0, box, 0, parts, seam)
+    assert alone[names.index("glyph_a_label")] == 0.0 and alone[names.index("label_share")] == 0.0
 
 
 def test_cut_judge_keeps_sub_images_of_one_label_together() -> None:
@@ -268,6 +300,29 @@ def test_training_walk_follows_the_true_seams_into_the_parts(tmp_path) -> None:
     walk(figure, judged, np.random.default_rng(0), step_model(), judge=True)
     cuts, right = judged.cut_data()
     assert cuts.shape == (2, len(seams.CUT_FEATURES)) and right.tolist() == [1, 1]
+    assert judged.cut_weight().tolist() == [1.0, 1.0]
+    # a box holding a schematic: its cuts weigh more in the judge's fit
+    drawn = Samples()
+    figure.kinds = ["image", "schematic", "image"]
+    walk(figure, drawn, np.random.default_rng(0), step_model(), judge=True, drawing_weight=3.0)
+    # the first cut's box holds all three panels, the second's the schematic and the third
+    assert drawn.cut_weight().tolist() == [3.0, 3.0]
+    figure.kinds = ["schematic", "image", "image"]
+    drawn = Samples()
+    walk(figure, drawn, np.random.default_rng(0), step_model(), judge=True, drawing_weight=3.0)
+    assert sorted(drawn.cut_weight().tolist()) == [1.0, 3.0]
+
+
+def test_fit_weighs_samples() -> None:
+    from p2p.mining.cpu.train_seams import fit
+
+    # the same point labelled both ways: the heavier label wins
+    x = np.array([[0.0, 0.0]] * 20 + [[1.0, 1.0]] * 20)
+    y = np.array([1] * 10 + [0] * 10 + [1] * 10 + [0] * 10)
+    weight = np.array([4.0] * 10 + [1.0] * 30)
+    model = seams._Mlp(fit(x, y, ("a", "b"), (4,), weight), ("a", "b"))
+    plain = seams._Mlp(fit(x, y, ("a", "b"), (4,)), ("a", "b"))
+    assert model.predict(x[:1])[0] > 0.55 > plain.predict(x[:1])[0]
 
 
 def test_rule_boxes_are_kept_per_folder_and_rules_version(tmp_path, monkeypatch) -> None:
@@ -283,10 +338,11 @@ def test_rule_boxes_are_kept_per_folder_and_rules_version(tmp_path, monkeypatch)
         return [(1, 2, 30, 40)], 7.0
 
     monkeypatch.setattr(train_seams, "_rule_boxes", rules)
-    entry = {"panels": [{"box": [1, 2, 29, 39]}]}
+    entry = {"panels": [{"box": [1, 2, 29, 39], "type": "schematic"}]}
     for _ in range(2):
         (figure,) = train_seams.rule_figures([(tmp_path / "a.png", entry)])
         assert figure.boxes == [(1, 2, 30, 40)] and figure.u == 7.0 and figure.truth == [(1, 2, 30, 40)]
+        assert figure.kinds == ["schematic"]
     assert len(calls) == 1
     assert [p.name for p in tmp_path.glob("rule_boxes-*.json")] == [train_seams._rules_cache(tmp_path).name]
 

@@ -12,8 +12,9 @@ probability along the line of a panel boundary in the maps of ``seam_net`` (a ne
 the whole figure; retrain this model when its weights change). A small MLP
 scores the lines; a box's best line, when it passes the scorer's threshold, goes to a second,
 smaller MLP (the cut judge) that also sees which corners of the two parts carry a label-like
-glyph (``segment.corner_glyphs``): panels of a labelled figure each carry one in the same
-corner, sub-images of one panel do not. A cut the judge accepts splits the box; the parts are
+glyph (``segment.corner_glyphs``), and whether that is the corner where the figure's other boxes
+carry theirs (``label_corner``): panels of a labelled figure each carry one in the same corner,
+sub-images of one panel do not. A cut the judge accepts splits the box; the parts are
 tightened to their ink and looked at again (``recurse``, ``MAX_DEPTH`` rounds), with the figure's
 boxes as they stand. Both MLPs clip each feature to the range they were trained on before
 standardising (a ReLU MLP extrapolates badly past its data). Weights ship in ``seam_model.json``
@@ -88,17 +89,21 @@ FEATURE_NAMES = (
 
 
 # the second look at a box's best line: panels of a labelled figure each carry a label in the
-# same corner, sub-images of one panel do not
+# same corner, sub-images of one panel do not. That corner is the figure's own (where its other
+# boxes carry theirs, ``label_corner``): labels at the bottom left are no rarer in a figure
+# than at the top left in another
 CUT_FEATURES = (
     "seam_logit",
     "axis",
     "part_share",
-    "glyph_a_first",
-    "glyph_b_first",
+    "glyph_a_label",
+    "glyph_b_label",
     "glyph_same_corner",
     "glyphs_a",
     "glyphs_b",
-    "glyph_box_first",
+    "glyph_box_label",
+    # share of the figure's other boxes with a glyph in that corner (0: none, the top left assumed)
+    "label_share",
     "box_vs_others",
     "size_match_a",
     "size_match_b",
@@ -413,19 +418,47 @@ def _halves(box: IntBox, axis: int, offset: int) -> list[IntBox]:
     return [(x1, y1, x2, y1 + offset), (x1, y1 + offset, x2, y2)]
 
 
+Corners = dict[IntBox, frozenset[str]]
+
+
+def glyph_corners(gray: np.ndarray, box: IntBox, u: float, seen: Corners) -> frozenset[str]:
+    """The corners of ``box`` holding a label-like glyph, kept in ``seen`` (a figure's boxes are
+    looked at again after every cut)."""
+    if box not in seen:
+        seen[box] = frozenset(g.corner for g in corner_glyphs(gray, box, u, CORNERS, otsu=False))
+    return seen[box]
+
+
+def label_corner(corner_sets: list[frozenset[str]]) -> tuple[str, float]:
+    """The corner in which most of ``corner_sets`` (the figure's other boxes) hold a glyph, and
+    the share that do; the top left (the commonest in print) on a tie or when none does."""
+    if not corner_sets:
+        return "tl", 0.0
+    counts = {c: sum(c in found for found in corner_sets) for c in CORNERS}
+    corner = max(CORNERS, key=lambda c: counts[c])  # the first of equals: tl
+    return corner, counts[corner] / len(corner_sets)
+
+
 def cut_features(
-    gray: np.ndarray, u: float, box: IntBox, axis: int, parts: list[IntBox], seam: Seam
+    gray: np.ndarray,
+    u: float,
+    box: IntBox,
+    axis: int,
+    parts: list[IntBox],
+    seam: Seam,
+    others: list[IntBox] | None = None,
+    seen: Corners | None = None,
 ) -> np.ndarray:
     """``CUT_FEATURES`` of cutting ``box`` into ``parts`` (tightened halves) along ``seam``:
-    its score, which corners of each part, and of the box, hold a label-like glyph, and some of
-    the line's own features (how the parts' sizes match the figure's other panels)."""
-
-    def corners(b: IntBox) -> set[str]:
-        return {g.corner for g in corner_glyphs(gray, b, u, CORNERS, otsu=False)}
-
-    a, b = corners(parts[0]), corners(parts[1])
-    whole = corners(box)
-    first = "tl"
+    its score, which corners of each part, and of the box, hold a label-like glyph, whether
+    that is the corner where the figure's ``others`` boxes hold theirs, and some of the line's
+    own features (how the parts' sizes match the figure's other panels). ``seen`` keeps the
+    boxes' glyph corners between calls."""
+    seen = {} if seen is None else seen
+    a = glyph_corners(gray, parts[0], u, seen)
+    b = glyph_corners(gray, parts[1], u, seen)
+    whole = glyph_corners(gray, box, u, seen)
+    first, share = label_corner([glyph_corners(gray, o, u, seen) for o in others or [] if o != box])
     logit = math.log(max(seam.score, 1e-6) / max(1.0 - seam.score, 1e-6))
     length = [(p[2] - p[0]) if axis == 0 else (p[3] - p[1]) for p in parts]
     return np.array(
@@ -439,6 +472,7 @@ def cut_features(
             float(len(a)),
             float(len(b)),
             float(first in whole),
+            share,
             *(float(seam.features[FEATURE_NAMES.index(name)]) for name in _JUDGED_LINE_FEATURES),
         ]
     )
@@ -526,6 +560,7 @@ def split_boxes(
     cut_threshold = (judge.threshold if threshold is None else threshold) if judge is not None else 0.0
     figure_ink = rgb.min(axis=2) < INK_THRESHOLD if ink is None else ink
     gray: np.ndarray | None = None  # for the judge's glyph search, made at the first cut it weighs
+    seen: Corners = {}  # boxes' glyph corners, for the judge
     if not boxes:
         return []
     if maps is None:
@@ -542,7 +577,7 @@ def split_boxes(
         if judge is not None:
             if gray is None:
                 gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
-            if judge.predict(cut_features(gray, u, box, axis, parts, seam))[0] < cut_threshold:
+            if judge.predict(cut_features(gray, u, box, axis, parts, seam, out, seen))[0] < cut_threshold:
                 return None
         return parts
 
