@@ -101,6 +101,7 @@ class CpuMiner:
     def mine(self, image: np.ndarray, caption: str, *, context: Any = None) -> MiningResult:
         """``context`` (title, abstract) is for backends that read it; this one does not."""
         from p2p.mining.captions import split_caption
+        from p2p.mining.cpu.label_trim import trim_labels
         from p2p.mining.cpu.labels import assign_labels, find_labels
         from p2p.mining.cpu.markers import detect_markers
         from p2p.mining.cpu.segment import segment_panels
@@ -128,6 +129,8 @@ class CpuMiner:
         with timer.stage("labels"):
             detections: list[LabelDetection] = find_labels(image, candidates)
             labels = assign_labels(candidates, detections)
+        with timer.stage("segment"):
+            candidates = trim_labels(image, candidates, labels, detections)
         candidates, labels = in_reading_order(candidates, labels)
         label_boxes = {d.text: d.box for d in detections}
 

@@ -1,0 +1,122 @@
+"""Panel boxes without their printed labels, once the labels have been read.
+
+A panel's box is its content: a label printed above or beside a plot, schematic or table is not
+part of it, while a label printed on an image is the image's own pixels. The segmenter has to
+guess which glyphs are labels before anything has been read, and a label it misses (a "(viii)"
+in a serif face, a label standing over the plot's frame) stays in the box, which then reaches a
+label's height too far and fails IoU 0.9. After OCR (``labels.find_labels``) the labels are
+known, so each box is tightened to its ink without its own label's glyphs. A label on an image
+changes nothing: the image's pixels round it keep the box where it was.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from p2p.mining.cpu.segment import IntBox, _tight, ink_mask, recall_analysis
+from p2p.mining.types import LabelDetection, PanelCandidate
+
+PAD = 0.2  # of the label's height: its glyphs (parentheses, a circle) reach past the read box
+GLYPH_REACH = 1.5  # of the label's height: a component no larger than this is one of its glyphs
+MIN_KEPT = 0.5  # of the box's area: a trim leaving less than this took content, not a label
+MAX_OVERLAP = 0.3  # of the label's area: it may overlap the tightened box this much (over a frame)
+
+
+def trim_labels(
+    image: np.ndarray,
+    panels: list[PanelCandidate],
+    labels: list[str | None],
+    detections: list[LabelDetection],
+) -> list[PanelCandidate]:
+    """``panels`` (with ``labels``, one per panel, as assigned) with each panel's label glyphs
+    taken out of its box when the label is printed on the page at the box's edge."""
+    by_text = {d.text.lower(): d for d in detections}  # OCR may read a "vii" as "VII"
+    by_text.update({d.text: d for d in detections})
+    if not any(label in by_text for label in labels):
+        return panels
+    mask = _ink(image)
+    height, width = mask.shape
+    out = list(panels)
+    for k, (panel, label) in enumerate(zip(panels, labels, strict=True)):
+        detection = by_text.get(label) if label else None
+        if detection is None:
+            continue
+        box = _clip(panel.box, width, height)
+        glyph = _clip(detection.box, width, height)
+        if box is None or glyph is None:
+            continue
+        trimmed = _without(mask, box, glyph)
+        if trimmed is not None and trimmed != box:
+            x1, y1, x2, y2 = trimmed
+            out[k] = PanelCandidate(
+                box=(float(x1), float(y1), float(x2), float(y2)), confidence=panel.confidence
+            )
+    return out
+
+
+def _ink(image: np.ndarray) -> np.ndarray:
+    analysis = recall_analysis(image)  # the segmenter's mask, figure frame and specks removed
+    if analysis is not None and analysis.mask.shape == image.shape[:2]:
+        return analysis.mask.astype(bool)
+    rgb = image if image.ndim == 3 else np.stack([image] * 3, axis=-1)
+    return ink_mask(np.ascontiguousarray(rgb[..., :3]))
+
+
+def _clip(box: tuple[float, float, float, float], width: int, height: int) -> IntBox | None:
+    x1, y1 = max(0, int(box[0])), max(0, int(box[1]))
+    x2, y2 = min(width, int(np.ceil(box[2]))), min(height, int(np.ceil(box[3])))
+    return (x1, y1, x2, y2) if x2 > x1 and y2 > y1 else None
+
+
+def _without(mask: np.ndarray, box: IntBox, glyph: IntBox) -> IntBox | None:
+    """``box`` tightened to its ink once the label's glyphs are blanked, or None when the label
+    is not at the box's edge (the box would keep it) or the trim would take content."""
+    gx1, gy1, gx2, gy2 = glyph
+    if min(gx2, box[2]) <= max(gx1, box[0]) or min(gy2, box[3]) <= max(gy1, box[1]):
+        return None  # the label lies outside the box already
+    crop = mask[box[1] : box[3], box[0] : box[2]].copy()
+    _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]))
+    tight = _tight(crop, (0, 0, box[2] - box[0], box[3] - box[1]))
+    if tight is None:
+        return None
+    new = (box[0] + tight[0], box[1] + tight[1], box[0] + tight[2], box[1] + tight[3])
+    if _area(new) < MIN_KEPT * _area(box):
+        return None
+    if _overlap(glyph, new) > MAX_OVERLAP * _area(glyph):
+        return None  # the content runs round the label: it is inside the panel, not on its edge
+    return new
+
+
+def _blank_glyphs(crop: np.ndarray, glyph: IntBox) -> None:
+    """Blank the label's glyphs in ``crop``: the read box padded, and whole glyph-sized ink
+    components touching it (OCR boxes often miss a parenthesis or the circle round a label).
+    A component larger than that (a plot frame the label stands over) keeps its pixels."""
+    height, width = crop.shape
+    x1, y1, x2, y2 = glyph
+    size = y2 - y1
+    pad = max(1, round(PAD * size))
+    px1, py1, px2, py2 = max(0, x1 - pad), max(0, y1 - pad), min(width, x2 + pad), min(height, y2 + pad)
+    wx1, wy1, wx2, wy2 = max(0, x1 - size), max(0, y1 - size), min(width, x2 + size), min(height, y2 + size)
+    window = crop[wy1:wy2, wx1:wx2]
+    _, ids, stats, _ = cv2.connectedComponentsWithStats(window.astype(np.uint8), connectivity=8)
+    touching = np.unique(ids[py1 - wy1 : py2 - wy1, px1 - wx1 : px2 - wx1])
+    limit = GLYPH_REACH * size
+    small = [
+        i
+        for i in touching
+        if i > 0
+        and stats[i, cv2.CC_STAT_WIDTH] <= max(limit, x2 - x1 + 2 * pad)
+        and stats[i, cv2.CC_STAT_HEIGHT] <= limit
+    ]
+    if small:
+        window[np.isin(ids, small)] = False
+    crop[py1:py2, px1:px2] = False
+
+
+def _area(box: IntBox) -> int:
+    return max(0, box[2] - box[0]) * max(0, box[3] - box[1])
+
+
+def _overlap(a: IntBox, b: IntBox) -> int:
+    return max(0, min(a[2], b[2]) - max(a[0], b[0])) * max(0, min(a[3], b[3]) - max(a[1], b[1]))

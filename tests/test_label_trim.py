@@ -1,0 +1,117 @@
+"""Read labels leave the panel boxes: a label printed above a plot is not the plot's content, a
+label printed on an image is the image's pixels, and a label the content runs round stays."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from p2p.mining.cpu.label_trim import trim_labels
+from p2p.mining.pipeline import CpuMiner
+from p2p.mining.synth.figure import generate_figure
+from p2p.mining.types import LabelDetection, PanelCandidate
+from p2p.shared import geometry
+
+
+def _page() -> np.ndarray:
+    return np.full((300, 400, 3), 255, np.uint8)
+
+
+def _label(rgb: np.ndarray, text: str, x: int, y: int, color: tuple[int, int, int] = (0, 0, 0)) -> None:
+    cv2.putText(rgb, text, (x, y), cv2.FONT_HERSHEY_SIMPLEX, 0.8, color, 2, cv2.LINE_AA)
+
+
+def _plot(rgb: np.ndarray, box: tuple[int, int, int, int]) -> None:
+    x1, y1, x2, y2 = box
+    cv2.rectangle(rgb, (x1, y1), (x2 - 1, y2 - 1), (0, 0, 0), 2)
+    cv2.line(rgb, (x1 + 10, y2 - 20), (x2 - 20, y1 + 15), (30, 90, 200), 2)
+
+
+def _ink_box(rgb: np.ndarray, box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    x1, y1, x2, y2 = box
+    ys, xs = np.nonzero(rgb[y1:y2, x1:x2].min(axis=2) < 225)
+    return (x1 + int(xs.min()), y1 + int(ys.min()), x1 + int(xs.max()) + 1, y1 + int(ys.max()) + 1)
+
+
+def _float(box: tuple[int, int, int, int]) -> tuple[float, float, float, float]:
+    return (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+
+
+def _candidate(box: tuple[int, int, int, int]) -> PanelCandidate:
+    return PanelCandidate(box=_float(box))
+
+
+def _plot_alone(box: tuple[int, int, int, int]) -> tuple[float, float, float, float]:
+    rgb = _page()
+    _plot(rgb, box)
+    return _float(_ink_box(rgb, (0, 0, 400, 300)))
+
+
+def _label_over_plot(text: str) -> tuple[np.ndarray, PanelCandidate, tuple[int, int, int, int]]:
+    """A page with ``text`` printed above a plot, the box the segmenter would give (label
+    included) and the label's ink box."""
+    rgb = _page()
+    _label(rgb, text, 40, 50)
+    _plot(rgb, (40, 70, 300, 260))
+    return rgb, _candidate(_ink_box(rgb, (0, 0, 400, 300))), _ink_box(rgb, (0, 0, 400, 65))
+
+
+def test_a_label_above_a_plot_leaves_the_box_even_when_ocr_missed_its_parenthesis() -> None:
+    rgb, panel, glyph = _label_over_plot("(b)")
+    read = (glyph[0] + 12, glyph[1], glyph[2], glyph[3])  # the "(" left out, as OCR often does
+    out = trim_labels(rgb, [panel], ["b"], [LabelDetection("b", _float(read), 0.9)])
+    assert out[0].box == _plot_alone((40, 70, 300, 260))
+    assert panel.box[1] < 40  # the segmenter's box held the label
+
+
+def test_a_label_read_in_the_other_case_is_still_the_panels_label() -> None:
+    rgb, panel, glyph = _label_over_plot("vii")
+    out = trim_labels(rgb, [panel], ["vii"], [LabelDetection("VII", _float(glyph), 0.9)])
+    assert out[0].box == _plot_alone((40, 70, 300, 260))
+
+
+def test_a_label_printed_on_an_image_stays_in_the_image() -> None:
+    rgb = _page()
+    rgb[40:260, 40:300] = np.random.default_rng(0).integers(20, 120, (220, 260, 3), dtype=np.uint8)
+    _label(rgb, "B", 50, 75, (255, 255, 255))
+    box = (40.0, 40.0, 300.0, 260.0)
+    read = (50.0, 57.0, 68.0, 76.0)
+    out = trim_labels(rgb, [PanelCandidate(box=box)], ["B"], [LabelDetection("B", read, 0.9)])
+    assert out[0].box == box
+
+
+def test_a_label_the_drawing_runs_round_stays() -> None:
+    rgb = _page()
+    _plot(rgb, (40, 40, 300, 260))
+    _label(rgb, "C", 150, 150)
+    box = (40.0, 40.0, 300.0, 260.0)
+    read = _float(_ink_box(rgb, (140, 120, 180, 160)))
+    out = trim_labels(rgb, [PanelCandidate(box=box)], ["C"], [LabelDetection("C", read, 0.9)])
+    assert out[0].box == box
+
+
+def test_panels_without_a_read_label_are_left_alone() -> None:
+    rgb = _page()
+    _label(rgb, "(a)", 40, 50)
+    _plot(rgb, (40, 70, 300, 260))
+    panels = [PanelCandidate(box=(40.0, 25.0, 300.0, 260.0))]
+    assert trim_labels(rgb, panels, [None], []) == panels
+    assert trim_labels(rgb, panels, ["a"], [LabelDetection("c", (0.0, 0.0, 10.0, 10.0), 0.9)]) == panels
+
+
+@pytest.mark.parametrize("seed", [14, 21])
+def test_the_miner_takes_read_labels_out_of_plot_and_diagram_boxes(seed: int) -> None:
+    # figures where the segmenter's label guess keeps one outside label inside its panel's box
+    image, truth = generate_figure(
+        seed,
+        n_panels=4,
+        panel_types={"plot": 0.5, "schematic": 0.5},
+        label_position="outside",
+        marker_rate=0.0,
+        width=640,
+        height=480,
+    )
+    result = CpuMiner().mine(np.asarray(image.convert("RGB")), truth["caption"])
+    expected = [geometry.from_inclusive(p["box"]) for p in truth["panels"]]
+    assert len(geometry.match_greedy([p.box for p in result.panels], expected, 0.9)) == len(expected)
