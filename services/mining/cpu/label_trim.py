@@ -29,24 +29,25 @@ def trim_labels(
     labels: list[str | None],
     detections: list[LabelDetection],
 ) -> list[PanelCandidate]:
-    """``panels`` (with ``labels``, one per panel, as assigned) with each panel's label glyphs
-    taken out of its box when the label is printed on the page at the box's edge."""
+    """``panels`` (with ``labels``, one per panel, as assigned) with the read labels printed on
+    the page at a box's edge taken out of it: the panel's own label, and a neighbour's that the
+    box reached over (a label in the gutter below a panel heads the next one)."""
     by_text = {d.text.lower(): d for d in detections}  # OCR may read a "vii" as "VII"
     by_text.update({d.text: d for d in detections})
-    if not any(label in by_text for label in labels):
+    read = [by_text.get(label) if label else None for label in labels]
+    if not any(read):
         return panels
     mask = _ink(image)
     height, width = mask.shape
+    glyphs = [None if d is None else _clip(d.box, width, height) for d in read]
     out = list(panels)
-    for k, (panel, label) in enumerate(zip(panels, labels, strict=True)):
-        detection = by_text.get(label) if label else None
-        if detection is None:
-            continue
+    for k, panel in enumerate(panels):
         box = _clip(panel.box, width, height)
-        glyph = _clip(detection.box, width, height)
-        if box is None or glyph is None:
+        if box is None:
             continue
-        trimmed = _without(mask, box, glyph)
+        own = glyphs[k]
+        edge = [g for j, g in enumerate(glyphs) if j != k and g is not None and _at_edge(g, box)]
+        trimmed = _without(mask, box, ([own] if own is not None else []) + edge)
         if trimmed is not None and trimmed != box:
             x1, y1, x2, y2 = trimmed
             out[k] = PanelCandidate(
@@ -69,22 +70,37 @@ def _clip(box: tuple[float, float, float, float], width: int, height: int) -> In
     return (x1, y1, x2, y2) if x2 > x1 and y2 > y1 else None
 
 
-def _without(mask: np.ndarray, box: IntBox, glyph: IntBox) -> IntBox | None:
-    """``box`` tightened to its ink once the label's glyphs are blanked, or None when the label
-    is not at the box's edge (the box would keep it) or the trim would take content."""
-    gx1, gy1, gx2, gy2 = glyph
-    if min(gx2, box[2]) <= max(gx1, box[0]) or min(gy2, box[3]) <= max(gy1, box[1]):
-        return None  # the label lies outside the box already
+def _at_edge(glyph: IntBox, box: IntBox) -> bool:
+    """``glyph`` lies in ``box`` within its own height of one of the box's sides."""
+    if _overlap(glyph, box) == 0:
+        return False
+    reach = glyph[3] - glyph[1]
+    return (
+        glyph[0] - box[0] <= reach
+        or glyph[1] - box[1] <= reach
+        or box[2] - glyph[2] <= reach
+        or box[3] - glyph[3] <= reach
+    )
+
+
+def _without(mask: np.ndarray, box: IntBox, glyphs: list[IntBox]) -> IntBox | None:
+    """``box`` tightened to its ink once the labels' ``glyphs`` are blanked, or None when no
+    label is in the box, the trim would take content, or the content runs round a label (it is
+    inside the panel, not on its edge)."""
+    inside = [g for g in glyphs if _overlap(g, box) > 0]
+    if not inside:
+        return None
     crop = mask[box[1] : box[3], box[0] : box[2]].copy()
-    _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]))
+    for gx1, gy1, gx2, gy2 in inside:
+        _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]))
     tight = _tight(crop, (0, 0, box[2] - box[0], box[3] - box[1]))
     if tight is None:
         return None
     new = (box[0] + tight[0], box[1] + tight[1], box[0] + tight[2], box[1] + tight[3])
     if _area(new) < MIN_KEPT * _area(box):
         return None
-    if _overlap(glyph, new) > MAX_OVERLAP * _area(glyph):
-        return None  # the content runs round the label: it is inside the panel, not on its edge
+    if any(_overlap(g, new) > MAX_OVERLAP * _area(g) for g in inside):
+        return None
     return new
 
 

@@ -1441,7 +1441,7 @@ def _to_count(
     if named > len(boxes):
         boxes, confidences = split_to_count(rgb, ink, boxes, confidences, named, maps=maps)
     else:
-        boxes, confidences = merge_to_count(boxes, confidences, named)
+        boxes, confidences = merge_to_count(boxes, confidences, named, maps=maps)
     return [PanelCandidate(box=_float_box(b), confidence=c) for b, c in zip(boxes, confidences, strict=True)]
 
 
