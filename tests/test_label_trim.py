@@ -115,3 +115,16 @@ def test_the_miner_takes_read_labels_out_of_plot_and_diagram_boxes(seed: int) ->
     result = CpuMiner().mine(np.asarray(image.convert("RGB")), truth["caption"])
     expected = [geometry.from_inclusive(p["box"]) for p in truth["panels"]]
     assert len(geometry.match_greedy([p.box for p in result.panels], expected, 0.9)) == len(expected)
+
+
+def test_the_next_panels_label_in_the_gutter_leaves_the_box_above() -> None:
+    rgb = _page()
+    _plot(rgb, (40, 20, 300, 140))
+    _label(rgb, "b", 40, 170)
+    _plot(rgb, (40, 185, 300, 290))
+    above = _candidate(_ink_box(rgb, (0, 0, 400, 175)))  # reached over the next panel's label
+    below = _candidate(_ink_box(rgb, (0, 180, 400, 300)))
+    glyph = _float(_ink_box(rgb, (0, 145, 400, 175)))
+    out = trim_labels(rgb, [above, below], [None, "b"], [LabelDetection("b", glyph, 0.9)])
+    assert out == [PanelCandidate(box=_plot_alone((40, 20, 300, 140))), below]
+    assert above.box[3] > glyph[1]
