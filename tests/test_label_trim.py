@@ -128,3 +128,9 @@ def test_the_next_panels_label_in_the_gutter_leaves_the_box_above() -> None:
     out = trim_labels(rgb, [above, below], [None, "b"], [LabelDetection("b", glyph, 0.9)])
     assert out == [PanelCandidate(box=_plot_alone((40, 20, 300, 140))), below]
     assert above.box[3] > glyph[1]
+
+
+def test_a_misread_label_at_the_edge_still_leaves_the_box() -> None:
+    rgb, panel, glyph = _label_over_plot("(iii)")
+    out = trim_labels(rgb, [panel], ["iii"], [LabelDetection("m", _float(glyph), 0.9)])
+    assert out[0].box == _plot_alone((40, 70, 300, 260))

@@ -30,24 +30,24 @@ def trim_labels(
     detections: list[LabelDetection],
 ) -> list[PanelCandidate]:
     """``panels`` (with ``labels``, one per panel, as assigned) with the read labels printed on
-    the page at a box's edge taken out of it: the panel's own label, and a neighbour's that the
-    box reached over (a label in the gutter below a panel heads the next one)."""
-    by_text = {d.text.lower(): d for d in detections}  # OCR may read a "vii" as "VII"
-    by_text.update({d.text: d for d in detections})
-    read = [by_text.get(label) if label else None for label in labels]
-    if not any(read):
+    the page at a box's edge taken out of it: the panel's own label, and any other the box
+    reached over (a label in the gutter below a panel heads the next one; a label OCR misread,
+    "(iii)" as "(m)", is still a label)."""
+    if not detections:
         return panels
     mask = _ink(image)
     height, width = mask.shape
-    glyphs = [None if d is None else _clip(d.box, width, height) for d in read]
+    read = [(d.text.lower(), g) for d in detections if (g := _clip(d.box, width, height)) is not None]
     out = list(panels)
-    for k, panel in enumerate(panels):
+    for k, (panel, label) in enumerate(zip(panels, labels, strict=True)):
         box = _clip(panel.box, width, height)
         if box is None:
             continue
-        own = glyphs[k]
-        edge = [g for j, g in enumerate(glyphs) if j != k and g is not None and _at_edge(g, box)]
-        trimmed = _without(mask, box, ([own] if own is not None else []) + edge)
+        # OCR may read a "vii" as "VII", and the same text twice: the panel's own is the one on it
+        own = [g for text, g in read if label and text == label.lower()]
+        glyphs = sorted(own, key=lambda g: -_overlap(g, box))[:1]
+        glyphs += [g for _, g in read if g not in glyphs and _at_edge(g, box)]
+        trimmed = _without(mask, box, glyphs)
         if trimmed is not None and trimmed != box:
             x1, y1, x2, y2 = trimmed
             out[k] = PanelCandidate(
