@@ -134,3 +134,11 @@ def test_a_misread_label_at_the_edge_still_leaves_the_box() -> None:
     rgb, panel, glyph = _label_over_plot("(iii)")
     out = trim_labels(rgb, [panel], ["iii"], [LabelDetection("m", _float(glyph), 0.9)])
     assert out[0].box == _plot_alone((40, 70, 300, 260))
+
+
+def test_a_sliver_of_the_neighbouring_image_at_the_edge_goes_with_the_label() -> None:
+    rgb, _, glyph = _label_over_plot("(d)")
+    rgb[10:12, 40:300] = 90  # the last rows of the image above, left in by a seam a pixel off
+    box = _candidate(_ink_box(rgb, (0, 0, 400, 300)))
+    out = trim_labels(rgb, [box], ["d"], [LabelDetection("d", _float(glyph), 0.9)])
+    assert out[0].box == _plot_alone((40, 70, 300, 260))

@@ -19,6 +19,7 @@ from p2p.mining.types import LabelDetection, PanelCandidate
 
 PAD = 0.2  # of the label's height: its glyphs (parentheses, a circle) reach past the read box
 GLYPH_REACH = 1.5  # of the label's height: a component no larger than this is one of its glyphs
+SLIVER = 2  # px: the most of a neighbour's image a box may hold along a side
 MIN_KEPT = 0.5  # of the box's area: a trim leaving less than this took content, not a label
 MAX_OVERLAP = 0.3  # of the label's area: it may overlap the tightened box this much (over a frame)
 
@@ -93,6 +94,7 @@ def _without(mask: np.ndarray, box: IntBox, glyphs: list[IntBox]) -> IntBox | No
     crop = mask[box[1] : box[3], box[0] : box[2]].copy()
     for gx1, gy1, gx2, gy2 in inside:
         _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]))
+    _blank_slivers(crop)
     tight = _tight(crop, (0, 0, box[2] - box[0], box[3] - box[1]))
     if tight is None:
         return None
@@ -102,6 +104,22 @@ def _without(mask: np.ndarray, box: IntBox, glyphs: list[IntBox]) -> IntBox | No
     if any(_overlap(g, new) > MAX_OVERLAP * _area(g) for g in inside):
         return None
     return new
+
+
+def _blank_slivers(crop: np.ndarray) -> None:
+    """Blank the 1-2 px of a neighbouring image a box may hold along a side (a seam placed a
+    pixel off, JPEG blur): full lines of ink at the side with nothing at all just inside them. A
+    plot's frame is kept, since its other sides run on inside."""
+    for side in (crop, crop.T):
+        for lines in (side, side[::-1]):
+            if lines.shape[0] < SLIVER + 2 or lines.shape[1] < 8:
+                continue
+            share = lines[: SLIVER + 2].mean(axis=1)
+            strip = 0
+            while strip < SLIVER and share[strip] >= 0.9:
+                strip += 1
+            if strip and not lines[strip : strip + 2].any():
+                lines[:strip] = False
 
 
 def _blank_glyphs(crop: np.ndarray, glyph: IntBox) -> None:
