@@ -2024,13 +2024,14 @@ def _text_block_under(
         return []
     first = min(starts, key=lambda k: (parts[k][1], parts[k][0]))
     members = [first]
+    taken = {first}  # the membership test runs for every part on every pass
     block = list(parts[first])
     step = max(1.5 * u, 0.8 * gh)
     grown = True
     while grown:
         grown = False
         for k in small:
-            if k in members:
+            if k in taken:
                 continue
             p = parts[k]
             below = 0 <= p[1] - block[3] <= step and min(p[2], block[2]) - max(p[0], block[0]) > 0
@@ -2040,6 +2041,7 @@ def _text_block_under(
             inside = p[0] >= block[0] and p[2] <= block[2] and p[1] >= block[1] and p[3] <= block[3]
             if below or beside or inside:
                 members.append(k)
+                taken.add(k)
                 block = [min(block[0], p[0]), min(block[1], p[1]), max(block[2], p[2]), max(block[3], p[3])]
                 grown = True
     bw, bh = block[2] - block[0], block[3] - block[1]
