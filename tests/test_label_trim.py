@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from p2p.mining.cpu.label_trim import trim_labels
+from p2p.mining.cpu.segment import segment_panels
 from p2p.mining.pipeline import CpuMiner
 from p2p.mining.synth.figure import generate_figure
 from p2p.mining.types import LabelDetection, PanelCandidate
@@ -91,11 +92,9 @@ def test_a_label_the_drawing_runs_round_stays() -> None:
     assert out[0].box == box
 
 
-def test_panels_without_a_read_label_are_left_alone() -> None:
-    rgb = _page()
-    _label(rgb, "(a)", 40, 50)
-    _plot(rgb, (40, 70, 300, 260))
-    panels = [PanelCandidate(box=(40.0, 25.0, 300.0, 260.0))]
+def test_panels_without_a_read_label_keep_their_ink() -> None:
+    rgb, panel, _ = _label_over_plot("(a)")
+    panels = [panel]
     assert trim_labels(rgb, panels, [None], []) == panels
     assert trim_labels(rgb, panels, ["a"], [LabelDetection("c", (0.0, 0.0, 10.0, 10.0), 0.9)]) == panels
 
@@ -134,6 +133,32 @@ def test_a_misread_label_at_the_edge_still_leaves_the_box() -> None:
     rgb, panel, glyph = _label_over_plot("(iii)")
     out = trim_labels(rgb, [panel], ["iii"], [LabelDetection("m", _float(glyph), 0.9)])
     assert out[0].box == _plot_alone((40, 70, 300, 260))
+
+
+def _plot_over_image(joined: bool) -> tuple[np.ndarray, PanelCandidate]:
+    """A plot above an image whose blurred top edge the plot's box reaches into (the seam
+    placed in the blur): specks along the box's bottom, joined to the image, and to the plot's
+    frame when ``joined``."""
+    rgb = _page()
+    _plot(rgb, (40, 40, 300, 200) if joined else (40, 40, 300, 160))
+    rgb[203:290, 20:380] = np.random.default_rng(1).integers(30, 150, (87, 360, 3), dtype=np.uint8)
+    rgb[201, 20:380:9] = 200
+    rgb[202, 20:380] = 200
+    segment_panels(rgb)  # the segmenter's analysis holds the ink's components
+    return rgb, _candidate(_ink_box(rgb, (0, 0, 400, 202)))
+
+
+def test_a_neighbouring_image_blurred_into_the_box_is_not_the_panels_ink() -> None:
+    rgb, box = _plot_over_image(joined=False)
+    assert box.box[3] == 202 and box.box[0] == 20
+    assert trim_labels(rgb, [box], [None], []) == [PanelCandidate(box=_plot_alone((40, 40, 300, 160)))]
+
+
+def test_a_frame_the_blur_joins_to_the_neighbour_stays() -> None:
+    rgb, box = _plot_over_image(joined=True)
+    out = trim_labels(rgb, [box], [None], [])
+    assert out[0].box[1] == _plot_alone((40, 40, 300, 200))[1]
+    assert out[0].box[3] >= 201
 
 
 def test_a_sliver_of_the_neighbouring_image_at_the_edge_goes_with_the_label() -> None:

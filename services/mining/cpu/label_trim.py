@@ -5,8 +5,10 @@ part of it, while a label printed on an image is the image's own pixels. The seg
 guess which glyphs are labels before anything has been read, and a label it misses (a "(viii)"
 in a serif face, a label standing over the plot's frame) stays in the box, which then reaches a
 label's height too far and fails IoU 0.9. After OCR (``labels.find_labels``) the labels are
-known, so each box is tightened to its ink without its own label's glyphs. A label on an image
-changes nothing: the image's pixels round it keep the box where it was.
+known, so each box is tightened to its ink without the read labels at its edges. A label on an
+image changes nothing: the image's pixels round it keep the box where it was. The same pass
+drops what a box took of a neighbouring image (a seam placed a pixel into its blur), which held
+plot boxes tens of pixels wide of their content.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from p2p.mining.types import LabelDetection, PanelCandidate
 
 PAD = 0.2  # of the label's height: its glyphs (parentheses, a circle) reach past the read box
 GLYPH_REACH = 1.5  # of the label's height: a component no larger than this is one of its glyphs
+EDGE_BAND = 3  # px along a box's sides where a neighbour's pixels may lie
 SLIVER = 2  # px: the most of a neighbour's image a box may hold along a side
 MIN_KEPT = 0.5  # of the box's area: a trim leaving less than this took content, not a label
 MAX_OVERLAP = 0.3  # of the label's area: it may overlap the tightened box this much (over a frame)
@@ -34,9 +37,7 @@ def trim_labels(
     the page at a box's edge taken out of it: the panel's own label, and any other the box
     reached over (a label in the gutter below a panel heads the next one; a label OCR misread,
     "(iii)" as "(m)", is still a label)."""
-    if not detections:
-        return panels
-    mask = _ink(image)
+    mask, ids, stats = _ink(image)
     height, width = mask.shape
     read = [(d.text.lower(), g) for d in detections if (g := _clip(d.box, width, height)) is not None]
     out = list(panels)
@@ -48,7 +49,7 @@ def trim_labels(
         own = [g for text, g in read if label and text == label.lower()]
         glyphs = sorted(own, key=lambda g: -_overlap(g, box))[:1]
         glyphs += [g for _, g in read if g not in glyphs and _at_edge(g, box)]
-        trimmed = _without(mask, box, glyphs)
+        trimmed = _without(mask, box, glyphs, _foreign(ids, stats, box))
         if trimmed is not None and trimmed != box:
             x1, y1, x2, y2 = trimmed
             out[k] = PanelCandidate(
@@ -57,12 +58,14 @@ def trim_labels(
     return out
 
 
-def _ink(image: np.ndarray) -> np.ndarray:
-    analysis = recall_analysis(image)  # the segmenter's mask, figure frame and specks removed
+def _ink(image: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The ink mask, with the segmenter's component ids and stats when it analysed this image
+    at full size (frame and specks removed)."""
+    analysis = recall_analysis(image)
     if analysis is not None and analysis.mask.shape == image.shape[:2]:
-        return analysis.mask.astype(bool)
+        return analysis.mask.astype(bool), analysis.glyphs.labels, analysis.glyphs.stats
     rgb = image if image.ndim == 3 else np.stack([image] * 3, axis=-1)
-    return ink_mask(np.ascontiguousarray(rgb[..., :3]))
+    return ink_mask(np.ascontiguousarray(rgb[..., :3])), None, None
 
 
 def _clip(box: tuple[float, float, float, float], width: int, height: int) -> IntBox | None:
@@ -84,20 +87,47 @@ def _at_edge(glyph: IntBox, box: IntBox) -> bool:
     )
 
 
-def _without(mask: np.ndarray, box: IntBox, glyphs: list[IntBox]) -> IntBox | None:
-    """``box`` tightened to its ink once the labels' ``glyphs`` are blanked, or None when no
-    label is in the box, the trim would take content, or the content runs round a label (it is
-    inside the panel, not on its edge)."""
-    inside = [g for g in glyphs if _overlap(g, box) > 0]
-    if not inside:
+def _foreign(ids: np.ndarray | None, stats: np.ndarray | None, box: IntBox) -> np.ndarray | None:
+    """Pixels along ``box``'s sides (``EDGE_BAND``) of ink components that reach well past it:
+    a neighbouring image's edge, JPEG-blurred into the box."""
+    if ids is None or stats is None:
         return None
+    x1, y1, x2, y2 = box
+    crop = ids[y1:y2, x1:x2]
+    band = np.zeros(crop.shape, bool)
+    band[:EDGE_BAND], band[-EDGE_BAND:], band[:, :EDGE_BAND], band[:, -EDGE_BAND:] = True, True, True, True
+    found = np.unique(crop[band])
+    found = found[found > 0]
+    left, top = stats[found, cv2.CC_STAT_LEFT], stats[found, cv2.CC_STAT_TOP]
+    right, bottom = left + stats[found, cv2.CC_STAT_WIDTH], top + stats[found, cv2.CC_STAT_HEIGHT]
+    slack = EDGE_BAND
+    outside = found[(left < x1 - slack) | (top < y1 - slack) | (right > x2 + slack) | (bottom > y2 + slack)]
+    return band & np.isin(crop, outside) if outside.size else None
+
+
+def _without(
+    mask: np.ndarray, box: IntBox, glyphs: list[IntBox], foreign: np.ndarray | None = None
+) -> IntBox | None:
+    """``box`` tightened to its ink once the labels' ``glyphs`` are blanked, and on each side
+    the ``foreign`` pixels too when that moves the side past them (the content starts further
+    in; a side that moves only across the band is the panel's own frame, joined to the
+    neighbour by blur). None when the trim would take content or the content runs round a label
+    (it is inside the panel, not on its edge)."""
+    inside = [g for g in glyphs if _overlap(g, box) > 0]
     crop = mask[box[1] : box[3], box[0] : box[2]].copy()
     for gx1, gy1, gx2, gy2 in inside:
         _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]))
     _blank_slivers(crop)
-    tight = _tight(crop, (0, 0, box[2] - box[0], box[3] - box[1]))
+    whole = (0, 0, box[2] - box[0], box[3] - box[1])
+    tight = _tight(crop, whole)
     if tight is None:
         return None
+    if foreign is not None:
+        crop[foreign] = False
+        inner = _tight(crop, whole)
+        if inner is not None:
+            x1, y1, x2, y2 = (a if abs(a - b) > EDGE_BAND else b for a, b in zip(inner, tight, strict=True))
+            tight = (x1, y1, x2, y2)
     new = (box[0] + tight[0], box[1] + tight[1], box[0] + tight[2], box[1] + tight[3])
     if _area(new) < MIN_KEPT * _area(box):
         return None
