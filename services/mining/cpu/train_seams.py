@@ -40,7 +40,9 @@ before gave it 0.95 and needed 0.97). Held-apart F1@0.9 (110022-110023, rules al
 Tried: the same on 30 seeds (110012-110041, 1890 cuts): held-apart (110042-110043) 0.9214 at
 0.97 against 0.9202 before, but it gives the real schematic 0.98 (a threshold of 0.99 keeps
 fewer right cuts on validation than before); the top-left glyph features kept beside the
-label corner's: the real schematic at 0.96, held-apart 0.8934 at 0.97. Same data, seeds and
+label corner's: the real schematic at 0.96, held-apart 0.8934 at 0.97; ``--drawing-weight`` 1
+and 6 (3 shipped): the real schematic at 0.967 and 0.933, held-apart 0.8962 and 0.8982 at 0.95,
+validation cuts no better. Same data, seeds and
 ``seam_net.pt`` (the lines' ``net_strength``) -> same model.
 """
 
