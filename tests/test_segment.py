@@ -778,15 +778,15 @@ def test_a_sliver_of_the_image_beyond_a_seam_is_left_off_the_piece() -> None:
     mask = np.zeros((100, 200), dtype=bool)
     mask[:, :60] = True  # the image left of the seam, its edge at column 59
     mask[10:40, 80:150] = True  # a plot
-    assert segment._without_sliver(mask, (59, 0, 200, 100), 0, False) == (60, 0, 200, 100)
-    assert segment._without_sliver(mask, (0, 0, 59, 100), 0, True) == (0, 0, 59, 100)
+    assert segment.without_sliver(mask, (59, 0, 200, 100), 0, False) == (60, 0, 200, 100)
+    assert segment.without_sliver(mask, (0, 0, 59, 100), 0, True) == (0, 0, 59, 100)
     mask[:, 60:64] = True  # a solid block right after the cut: content, not a sliver
-    assert segment._without_sliver(mask, (59, 0, 200, 100), 0, False) == (59, 0, 200, 100)
+    assert segment.without_sliver(mask, (59, 0, 200, 100), 0, False) == (59, 0, 200, 100)
     # the same across a horizontal cut, for the piece before it
     rows = np.zeros((200, 100), dtype=bool)
     rows[20:60, 10:90] = True  # a plot
     rows[141:] = True  # the image below the seam, its edge at row 141
-    assert segment._without_sliver(rows, (0, 0, 100, 142), 1, True) == (0, 0, 100, 141)
+    assert segment.without_sliver(rows, (0, 0, 100, 142), 1, True) == (0, 0, 100, 141)
 
 
 def text_rows(image: np.ndarray, x: int, y: int, lines: list[str]) -> np.ndarray:

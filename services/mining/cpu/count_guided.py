@@ -23,7 +23,7 @@ import numpy as np
 
 from p2p.mining.cpu import seam_net
 from p2p.mining.cpu.seams import IntBox, SeamModel, best_seam, cut_parts, default_model
-from p2p.mining.cpu.segment import _without_sliver
+from p2p.mining.cpu.segment import without_sliver
 
 MIN_SCORE = 0.001  # line score below which a line is an edge inside a picture, whatever the count
 MAX_NAMED = 30  # a caption naming more panels than this is not a count to split towards
@@ -75,7 +75,7 @@ def split_to_count(
         if best is None:
             break
         _, k, axis, parts = best
-        parts = [_without_sliver(ink, parts[0], axis, True), _without_sliver(ink, parts[1], axis, False)]
+        parts = [without_sliver(ink, parts[0], axis, True), without_sliver(ink, parts[1], axis, False)]
         boxes[k] = parts[0]
         boxes.append(parts[1])
         confidence[k] = min(confidence[k], SPLIT_CONFIDENCE)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from p2p.mining.cpu.segment import IntBox, _tight, ink_mask, recall_analysis
+from p2p.mining.cpu.segment import IntBox, ink_mask, recall_analysis, tight_box
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 PAD = 0.2  # of the label's height: its glyphs (parentheses, a circle) reach past the read box
@@ -119,12 +119,12 @@ def _without(
         _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]))
     _blank_slivers(crop)
     whole = (0, 0, box[2] - box[0], box[3] - box[1])
-    tight = _tight(crop, whole)
+    tight = tight_box(crop, whole)
     if tight is None:
         return None
     if foreign is not None:
         crop[foreign] = False
-        inner = _tight(crop, whole)
+        inner = tight_box(crop, whole)
         if inner is not None:
             x1, y1, x2, y2 = (a if abs(a - b) > EDGE_BAND else b for a, b in zip(inner, tight, strict=True))
             tight = (x1, y1, x2, y2)

@@ -39,7 +39,7 @@ import numpy as np
 
 # segment imports this module only when its rules are done, so this import is not circular
 from p2p.mining.cpu import seam_net
-from p2p.mining.cpu.segment import INK_THRESHOLD, _tight, corner_glyphs
+from p2p.mining.cpu.segment import INK_THRESHOLD, corner_glyphs, tight_box
 
 MODEL_FILE = "seam_model.json"
 MAX_DEPTH = 5  # a 3 x 4 grid of touching panels needs four rounds of halving; one more for an uneven cut
@@ -484,7 +484,7 @@ def cut_parts(
     """The cut along a (shrunk-grid) line placed on the full-size pixels: (axis, offset, the
     halves tightened to their ink; fewer than two when one holds none)."""
     offset = _refine(rgb, box, axis, offset)
-    return axis, offset, [p for p in (_tight(ink, h) for h in _halves(box, axis, offset)) if p is not None]
+    return axis, offset, [p for p in (tight_box(ink, h) for h in _halves(box, axis, offset)) if p is not None]
 
 
 def box_lines(

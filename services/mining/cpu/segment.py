@@ -163,7 +163,8 @@ def _downscale_max(mask: np.ndarray, factor: int) -> np.ndarray:
     return np.asarray(blocks.any(axis=(1, 3)), dtype=bool)
 
 
-def _tight(mask: np.ndarray, box: IntBox) -> IntBox | None:
+def tight_box(mask: np.ndarray, box: IntBox) -> IntBox | None:
+    """``box`` shrunk to the ``mask`` pixels inside it, or None when it holds none."""
     x1, y1, x2, y2 = box
     crop = mask[y1:y2, x1:x2]
     rows = np.flatnonzero(crop.any(axis=1))
@@ -888,15 +889,15 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
         else:
             left, right = (x1, y1, x2, y1 + offset), (x1, y1 + offset, x2, y2)
         out: list[IntBox] = []
-        for piece in (_without_sliver(mask, left, axis, True), _without_sliver(mask, right, axis, False)):
-            tight = _tight(mask, piece)
+        for piece in (without_sliver(mask, left, axis, True), without_sliver(mask, right, axis, False)):
+            tight = tight_box(mask, piece)
             if tight is not None:
                 out.extend(_split_dense(mask, edges, tight, u, depth + 1))
         return out
     return [box]
 
 
-def _without_sliver(mask: np.ndarray, box: IntBox, axis: int, before: bool) -> IntBox:
+def without_sliver(mask: np.ndarray, box: IntBox, axis: int, before: bool) -> IntBox:
     """A piece cut off along a seam (``before``: the piece before the cut) without the 1-2 px
     of the image across the seam it may have kept (the colour step spans two pixels, JPEG
     blurs it): full lines of ink at the cut beside lines of mostly background. Left in, the
@@ -1236,7 +1237,7 @@ def segment_panels(
     if not full_mask.any():
         return []
     if height < MIN_SIDE or width < MIN_SIDE:
-        box = _tight(full_mask, (0, 0, width, height))
+        box = tight_box(full_mask, (0, 0, width, height))
         return [PanelCandidate(box=_float_box(box), confidence=0.3)] if box else []
 
     _remove_border_rules(full_mask)
@@ -1370,7 +1371,7 @@ def segment_panels(
         w, h = cb[2] - cb[0], cb[3] - cb[1]
         if not cluster.major and not (min(w, h) >= min_major and w * h >= 0.02 * mh * mw):
             continue
-        tight = _tight(keep_mask, (cb[0], cb[1], cb[2], cb[3]))
+        tight = tight_box(keep_mask, (cb[0], cb[1], cb[2], cb[3]))
         if tight is None:
             continue
         if cluster.anchor < 0 and heights:
@@ -1378,7 +1379,7 @@ def segment_panels(
         if factor > 1:
             x1, y1, x2, y2 = tight
             full_box = (x1 * factor, y1 * factor, min(width, x2 * factor), min(height, y2 * factor))
-            refined = _tight(full_mask, full_box)
+            refined = tight_box(full_mask, full_box)
             if refined is None:
                 continue
             tight = refined
@@ -1399,7 +1400,7 @@ def segment_panels(
         if named is not None and named != len(results):
             results = _to_count(rgb, keep_ink, results, named, maps)
     if not results:
-        box = _tight(full_mask, (0, 0, width, height))
+        box = tight_box(full_mask, (0, 0, width, height))
         if box is not None:
             results.append(PanelCandidate(box=_float_box(box), confidence=0.3))
     return results
@@ -1589,7 +1590,7 @@ def _without_heading_label(
             continue
         rest = keep[y1:y2, x1:x2].copy()
         rest[gy1 - y1 : gy2 - y1, gx1 - x1 : gx2 - x1] = False
-        inner = _tight(rest, (0, 0, x2 - x1, y2 - y1))
+        inner = tight_box(rest, (0, 0, x2 - x1, y2 - y1))
         if inner is None:
             continue
         if inner[1] < gy2 - y1 and inner[0] < gx2 - x1:
@@ -1625,7 +1626,7 @@ def _parts(content: np.ndarray, edges: _EdgeMaps, u: float) -> tuple[list[IntBox
     parts: list[IntBox] = []
     major: list[bool] = []
     for row in merged:
-        tight = _tight(content, (int(row[0]), int(row[1]), int(row[2]), int(row[3])))
+        tight = tight_box(content, (int(row[0]), int(row[1]), int(row[2]), int(row[3])))
         if tight is None:
             continue
         for piece in _split_dense(content, edges, tight, u):
@@ -1654,7 +1655,7 @@ def _clip_out_of_parts(mask: np.ndarray, box: IntBox, parts: list[IntBox], major
                 x2 = px1
     if (x1, y1, x2, y2) == box or (x2 - x1) * (y2 - y1) < 0.5 * (box[2] - box[0]) * (box[3] - box[1]):
         return box
-    tight = _tight(mask, (x1, y1, x2, y2))
+    tight = tight_box(mask, (x1, y1, x2, y2))
     return tight if tight is not None else box
 
 
@@ -1755,7 +1756,7 @@ def _cut_at_labels(
         pieces: list[IntBox] = []
         for start, stop in itertools.pairwise(bounds):
             box = (x1 + start, y1, x1 + stop, y2) if axis == 0 else (x1, y1 + start, x2, y1 + stop)
-            tight = _tight(content, box)
+            tight = tight_box(content, box)
             if tight is not None:
                 pieces.extend(_cut_at_labels(content, edges, gray, tight, labels, u, depth + 1))
         return pieces
@@ -1891,7 +1892,7 @@ def _trim_fringes(content: np.ndarray, box: IntBox, u: float) -> tuple[IntBox, l
         n, _, stats, _ = cv2.connectedComponentsWithStats(joined, connectivity=8)
         for cid in range(1, n):
             gx, gy, gw, gh = (int(v) for v in stats[cid, :4])
-            tight = _tight(content, (x1 + sx1 + gx, y1 + sy1 + gy, x1 + sx1 + gx + gw, y1 + sy1 + gy + gh))
+            tight = tight_box(content, (x1 + sx1 + gx, y1 + sy1 + gy, x1 + sx1 + gx + gw, y1 + sy1 + gy + gh))
             if tight is not None:
                 groups.append(tight)
     rows = np.flatnonzero((crop & keep).any(axis=1))
