@@ -24,6 +24,7 @@ import numpy as np
 from p2p.mining.cpu import seam_net
 from p2p.mining.cpu.seams import IntBox, SeamModel, best_seam, cut_parts, default_model
 from p2p.mining.cpu.segment import without_sliver
+from p2p.shared.geometry import area, intersection
 
 MIN_SCORE = 0.001  # line score below which a line is an edge inside a picture, whatever the count
 MAX_NAMED = 30  # a caption naming more panels than this is not a count to split towards
@@ -101,7 +102,7 @@ def merge_to_count(
         best: tuple[float, int, int] | None = None  # doubt, the two boxes
         for i, j in itertools.combinations(range(len(boxes)), 2):
             joint = _joint(boxes[i], boxes[j])
-            fill = (_area(boxes[i]) + _area(boxes[j])) / max(_area(joint), 1.0)
+            fill = (area(boxes[i]) + area(boxes[j])) / max(area(joint), 1.0)
             if fill < MERGE_FILL:
                 continue
             doubt = _junction(maps, boxes[i], boxes[j], joint) + GAP_WEIGHT * (1.0 - fill)
@@ -132,12 +133,6 @@ def _joint(a: IntBox, b: IntBox) -> IntBox:
     return (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
 
 
-def _area(box: IntBox) -> float:
-    return float(max(0, box[2] - box[0]) * max(0, box[3] - box[1]))
-
-
 def _share_inside(box: IntBox, other: IntBox) -> float:
     """Share of ``box``'s area inside ``other``."""
-    w = min(box[2], other[2]) - max(box[0], other[0])
-    h = min(box[3], other[3]) - max(box[1], other[1])
-    return 0.0 if w <= 0 or h <= 0 else w * h / max(_area(box), 1.0)
+    return intersection(box, other) / max(area(box), 1.0)

@@ -18,6 +18,7 @@ import numpy as np
 
 from p2p.mining.cpu.segment import IntBox, ink_mask, recall_analysis, tight_box
 from p2p.mining.types import LabelDetection, PanelCandidate
+from p2p.shared.geometry import area, intersection
 
 PAD = 0.2  # of the label's height: its glyphs (parentheses, a circle) reach past the read box
 GLYPH_REACH = 1.5  # of the label's height: a component no larger than this is one of its glyphs
@@ -47,7 +48,7 @@ def trim_labels(
             continue
         # OCR may read a "vii" as "VII", and the same text twice: the panel's own is the one on it
         own = [g for text, g in read if label and text == label.lower()]
-        glyphs = sorted(own, key=lambda g: -_overlap(g, box))[:1]
+        glyphs = sorted(own, key=lambda g: -intersection(g, box))[:1]
         glyphs += [g for _, g in read if g not in glyphs and _at_edge(g, box)]
         trimmed = _without(mask, box, glyphs, _foreign(ids, stats, box))
         if trimmed is not None and trimmed != box:
@@ -76,7 +77,7 @@ def _clip(box: tuple[float, float, float, float], width: int, height: int) -> In
 
 def _at_edge(glyph: IntBox, box: IntBox) -> bool:
     """``glyph`` lies in ``box`` within its own height of one of the box's sides."""
-    if _overlap(glyph, box) == 0:
+    if intersection(glyph, box) == 0:
         return False
     reach = glyph[3] - glyph[1]
     return (
@@ -96,13 +97,18 @@ def _foreign(ids: np.ndarray | None, stats: np.ndarray | None, box: IntBox) -> n
     crop = ids[y1:y2, x1:x2]
     band = np.zeros(crop.shape, bool)
     band[:EDGE_BAND], band[-EDGE_BAND:], band[:, :EDGE_BAND], band[:, -EDGE_BAND:] = True, True, True, True
-    found = np.unique(crop[band])
+    in_band = crop[band]
+    found = np.unique(in_band)
     found = found[found > 0]
     left, top = stats[found, cv2.CC_STAT_LEFT], stats[found, cv2.CC_STAT_TOP]
     right, bottom = left + stats[found, cv2.CC_STAT_WIDTH], top + stats[found, cv2.CC_STAT_HEIGHT]
     slack = EDGE_BAND
     outside = found[(left < x1 - slack) | (top < y1 - slack) | (right > x2 + slack) | (bottom > y2 + slack)]
-    return band & np.isin(crop, outside) if outside.size else None
+    if not outside.size:
+        return None
+    foreign = np.zeros(crop.shape, bool)
+    foreign[band] = np.isin(in_band, outside)  # the band only: the box's inside is never looked at
+    return foreign
 
 
 def _without(
@@ -113,7 +119,7 @@ def _without(
     in; a side that moves only across the band is the panel's own frame, joined to the
     neighbour by blur). None when the trim would take content or the content runs round a label
     (it is inside the panel, not on its edge)."""
-    inside = [g for g in glyphs if _overlap(g, box) > 0]
+    inside = [g for g in glyphs if intersection(g, box) > 0]
     crop = mask[box[1] : box[3], box[0] : box[2]].copy()
     for gx1, gy1, gx2, gy2 in inside:
         _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]))
@@ -129,9 +135,9 @@ def _without(
             x1, y1, x2, y2 = (a if abs(a - b) > EDGE_BAND else b for a, b in zip(inner, tight, strict=True))
             tight = (x1, y1, x2, y2)
     new = (box[0] + tight[0], box[1] + tight[1], box[0] + tight[2], box[1] + tight[3])
-    if _area(new) < MIN_KEPT * _area(box):
+    if area(new) < MIN_KEPT * area(box):
         return None
-    if any(_overlap(g, new) > MAX_OVERLAP * _area(g) for g in inside):
+    if any(intersection(g, new) > MAX_OVERLAP * area(g) for g in inside):
         return None
     return new
 
@@ -176,11 +182,3 @@ def _blank_glyphs(crop: np.ndarray, glyph: IntBox) -> None:
     if small:
         window[np.isin(ids, small)] = False
     crop[py1:py2, px1:px2] = False
-
-
-def _area(box: IntBox) -> int:
-    return max(0, box[2] - box[0]) * max(0, box[3] - box[1])
-
-
-def _overlap(a: IntBox, b: IntBox) -> int:
-    return max(0, min(a[2], b[2]) - max(a[0], b[0])) * max(0, min(a[3], b[3]) - max(a[1], b[1]))
