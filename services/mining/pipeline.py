@@ -101,6 +101,7 @@ class CpuMiner:
     def mine(self, image: np.ndarray, caption: str, *, context: Any = None) -> MiningResult:
         """``context`` (title, abstract) is for backends that read it; this one does not."""
         from p2p.mining.captions import split_caption
+        from p2p.mining.cpu.label_split import split_at_labels
         from p2p.mining.cpu.label_trim import trim_labels
         from p2p.mining.cpu.labels import assign_labels, find_labels
         from p2p.mining.cpu.markers import detect_markers
@@ -119,9 +120,9 @@ class CpuMiner:
             return self._whole_figure(width, height, caption, notes, timer)
 
         with timer.stage("captions"):
-            named = len(split_caption(caption).labels_in_order)
+            named = split_caption(caption).labels_in_order
         with timer.stage("segment"):
-            candidates: list[PanelCandidate] = segment_panels(image, named=named or None)
+            candidates: list[PanelCandidate] = segment_panels(image, named=len(named) or None)
         if not candidates:
             notes.append("no panels found: the whole figure is one panel")
             candidates = [PanelCandidate(box=(0.0, 0.0, float(width), float(height)), confidence=0.3)]
@@ -129,6 +130,9 @@ class CpuMiner:
         with timer.stage("labels"):
             detections: list[LabelDetection] = find_labels(image, candidates)
             labels = assign_labels(candidates, detections)
+            candidates, labels, detections = split_at_labels(
+                image, candidates, labels, detections, named=named
+            )
         with timer.stage("segment"):
             candidates = trim_labels(image, candidates, labels, detections)
         candidates, labels = in_reading_order(candidates, labels)

@@ -794,6 +794,25 @@ def _settle_case(detections: list[LabelDetection]) -> list[LabelDetection]:
     return out
 
 
+def read_glyphs(gray: np.ndarray, glyphs: Sequence[CornerGlyph]) -> list[LabelDetection | None]:
+    """What each glyph group reads as a panel label (None when it does not read as one), read as
+    the corner search reads them; the detections' confidences carry no corner prior."""
+    candidates = [
+        _Candidate(
+            box=g.box,
+            crop=_prepare_crop(gray, g.keep, g.crop_box, invert=g.invert),
+            panel=i,
+            prior=1.0,
+            source=(g.keep, g.crop_box, g.invert, False),
+        )
+        for i, g in enumerate(glyphs)
+    ]
+    out: list[LabelDetection | None] = [None] * len(glyphs)
+    for i, detection in _read(_engine(), candidates):
+        out[i] = detection
+    return out
+
+
 def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDetection]]:
     if not candidates:
         return []

@@ -227,6 +227,10 @@ class Analysis:
     mask: np.ndarray  # uint8 ink mask (figure frame removed)
     glyphs: _Glyphs
     u: float
+    # set once the seams are looked for: the boundary network's maps and the content mask the
+    # panels were tightened to (label splitting cuts along the maps and tightens the same way)
+    maps: BoundaryMaps | None = None
+    ink: np.ndarray | None = None
 
 
 _RECENT: list[tuple[tuple[int, ...], Analysis]] = []
@@ -1265,8 +1269,9 @@ def segment_panels(
     u = _text_unit(cc_stats, mh, mw)
     glyphs = _label_candidates(mask_u8, cc_labels, cc_stats, u)
     gray = cv2.cvtColor(edges.rgb, cv2.COLOR_RGB2GRAY)
+    analysis = Analysis(gray=gray, mask=mask_u8, glyphs=glyphs, u=u)
     if factor == 1:
-        _remember(image, Analysis(gray=gray, mask=mask_u8, glyphs=glyphs, u=u))
+        _remember(image, analysis)
 
     # label boxes: given, or guessed from components
     given: list[IntBox] = []
@@ -1396,6 +1401,7 @@ def segment_panels(
         from p2p.mining.cpu.seam_net import boundary_maps  # torch loads only when seams are looked for
 
         maps = boundary_maps(rgb)  # one network pass serves the seam splitter and the count
+        analysis.maps, analysis.ink = maps, keep_ink
         results = _split_seams(rgb, keep_ink, u * factor, results, maps)
         if named is not None and named != len(results):
             results = _to_count(rgb, keep_ink, results, named, maps)
