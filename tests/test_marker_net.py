@@ -382,8 +382,8 @@ def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the
 
     assert chosen(0.5, 0.5, 0.5, 0.5, 0.5) == [sure, middling, strong]
     low = _VETO - 0.01
-    assert chosen(low, low, 0.5, low, 0.5) == [sure]  # vetoed: the middling star and the network's box
-    assert chosen(low, low, 0.5, low, _RESCUE) == [sure, weak]  # rescued: the weak peak
+    assert chosen(low, low, 0.3, low, 0.3) == [sure]  # vetoed: the middling star and the network's box
+    assert chosen(low, low, 0.3, low, _RESCUE) == [sure, weak]  # rescued: the weak peak
     # Rescued, but on the glyph of a kept marker: one marker.
     assert chosen(0.5, 0.5, _RESCUE, 0.5, 0.5) == [sure, middling, strong]
     # A marker only the enlarged copy shows is the network's word too.
@@ -670,7 +670,8 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     )
     on_inset = box(240, 30, 0.28)
     net = [likely, unlikely, faint, on_inset]
-    probability = np.array([0.9, 0.5, 0.3, 0.7, 0.6])  # the faint one and the one on the inset likelier
+    # All below the boxes' rescue level; the faint one and the one on the inset likelier.
+    probability = np.array([0.9, 0.3, 0.1, 0.45, 0.4])
     assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability) == [inset, likely]
     assert _choose(_Found(panel, panel, [], net, None), net, probability[1:]) == []
 
@@ -685,3 +686,18 @@ def test_symbols_are_rescued_at_a_lower_probability_than_pointing_markers():
     assert middling < _RESCUE
     net = [star, head]
     assert _choose(_Found(panel, panel, [], net, None), net, np.array([middling, middling])) == [star]
+
+
+def test_stars_and_boxes_are_rescued_below_the_symbols_level_and_arrows_are_not():
+    """A star or a box the model gives a middling probability comes back (small glyphs of the
+    panel's own hue, thin inset-source rectangles), an arrowhead of that probability does not."""
+    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
+
+    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+    star = _Cand("star", (40, 40, 48, 48), (44.0, 44.0), 0.2, region=(34.0, 34.0, 54.0, 54.0))
+    box = _Cand("box", (120, 20, 180, 70), (150.0, 45.0), 0.2, region=(120.0, 20.0, 180.0, 70.0))
+    head = _Cand("arrowhead", (200, 150, 210, 160), (208.0, 158.0), 0.2, region=(208.0, 150.0, 228.0, 170.0))
+    net = [star, box, head]
+    found = _Found(panel, panel, [], net, None)
+    assert _choose(found, net, np.array([0.45, 0.55, 0.55])) == [box, star]
+    assert _choose(found, net, np.array([0.35, 0.45, 0.75])) == []
