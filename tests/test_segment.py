@@ -950,3 +950,22 @@ def test_seam_splitter_runs_after_the_rules(monkeypatch: pytest.MonkeyPatch) -> 
     assert calls == [[(20, 20, 280, 180)]]
     assert [p.box for p in split] == [(20.0, 20.0, 150.0, 180.0), (150.0, 20.0, 280.0, 180.0)]
     assert split[0].confidence == rules[0].confidence
+
+
+def test_a_line_thin_part_is_no_panel_and_the_count_cuts_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the seam splitter cutting beside a panel's outline can leave one line of it as a part; it
+    # must not count as a panel, or the caption's count looks met while two panels stay joined
+    rng = np.random.default_rng(3)
+    image = canvas(820, 320)
+    image[10:310, 10:410] = texture(rng, 400, 300, 60)
+    image[10:310, 410:810] = texture(rng, 400, 300, 150)
+
+    def joined_plus_line(*args: object) -> list:
+        whole = segment.PanelCandidate(box=(10.0, 10.0, 810.0, 310.0), confidence=0.9)
+        line = segment.PanelCandidate(box=(410.0, 310.0, 810.0, 311.0), confidence=0.7)
+        return [whole, line]
+
+    monkeypatch.setattr(segment, "_split_seams", joined_plus_line)
+    predicted = segment_panels(image, named=2)
+    assert all(min(p.box[2] - p.box[0], p.box[3] - p.box[1]) >= segment.MIN_SIDE for p in predicted)
+    assert_matches(predicted, [(10.0, 10.0, 410.0, 310.0), (410.0, 10.0, 810.0, 310.0)], 0.95)

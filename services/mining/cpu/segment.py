@@ -1402,14 +1402,20 @@ def segment_panels(
 
         maps = boundary_maps(rgb)  # one network pass serves the seam splitter and the count
         analysis.maps, analysis.ink = maps, keep_ink
-        results = _split_seams(rgb, keep_ink, u * factor, results, maps)
+        # a cut beside a panel's outline can leave a line of it as a "panel" of its own (1 px
+        # tall); gone before the count is compared, the panels it was cut from may be cut right
+        results = _without_lines(_split_seams(rgb, keep_ink, u * factor, results, maps))
         if named is not None and named != len(results):
-            results = _to_count(rgb, keep_ink, results, named, maps)
+            results = _without_lines(_to_count(rgb, keep_ink, results, named, maps))
     if not results:
         box = tight_box(full_mask, (0, 0, width, height))
         if box is not None:
             results.append(PanelCandidate(box=_float_box(box), confidence=0.3))
     return results
+
+
+def _without_lines(panels: list[PanelCandidate]) -> list[PanelCandidate]:
+    return [p for p in panels if min(p.box[2] - p.box[0], p.box[3] - p.box[1]) >= MIN_SIDE]
 
 
 def _int_boxes(panels: list[PanelCandidate]) -> list[IntBox]:
