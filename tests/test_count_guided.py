@@ -156,3 +156,60 @@ def test_segmentation_joins_towards_a_smaller_count(touching: tuple[np.ndarray, 
     joined = segment_panels(rgb, named=len(found) - 1)
     assert len(joined) == len(found) - 1
     assert sum(1 for p in joined if p.confidence == count_guided.SPLIT_CONFIDENCE) == 1
+
+
+# Pieces without a label (join_unlabelled): every label the caption names is on a box already.
+PLOT, AXIS = (120, 20, 400, 300), (60, 20, 118, 300)  # a plot cut at its axis: the tick labels apart
+
+
+def test_a_piece_without_a_label_joins_the_labelled_panel_beside_it() -> None:
+    boxes, labels = count_guided.join_unlabelled(
+        [(10, 10, 50, 300), AXIS, PLOT], ["A", None, "B"], ["A", "B"]
+    )
+    assert boxes == [(10, 10, 50, 300), (60, 20, 400, 300)] and labels == ["A", "B"]
+
+
+def test_pieces_stay_when_a_named_label_is_missing_or_the_count_is_met() -> None:
+    # a box without a label while the caption's "C" is on none: it may be panel C, unread
+    boxes = [(10, 10, 50, 300), AXIS, PLOT]
+    assert count_guided.join_unlabelled(boxes, ["A", None, "B"], ["A", "B", "C"]) == (boxes, ["A", None, "B"])
+    assert count_guided.join_unlabelled(boxes[1:], [None, "B"], ["B"]) == (boxes[1:], [None, "B"])
+    assert count_guided.join_unlabelled(boxes, ["A", None, "B"], []) == (boxes, ["A", None, "B"])
+
+
+def test_a_piece_far_from_or_askew_to_every_labelled_panel_stays() -> None:
+    far = (120, 330, 400, 360)  # below the plot, across a wide gutter
+    askew = (402, 250, 500, 400)  # beside the plot but sharing little of its own side with it
+    for piece in (far, askew):
+        boxes = [(10, 10, 50, 300), piece, PLOT]
+        assert count_guided.join_unlabelled(boxes, ["A", None, "B"], ["A", "B"])[0] == boxes
+
+
+def test_a_join_reaching_into_another_panel_is_not_made() -> None:
+    boxes = [(0, 0, 100, 100), (100, 0, 200, 40), (100, 45, 200, 100)]  # C sits under the piece
+    assert count_guided.join_unlabelled(boxes, ["A", None, "C"], ["A", "C"])[0] == boxes
+
+
+def test_the_miner_joins_a_plot_cut_at_its_axis(monkeypatch: pytest.MonkeyPatch) -> None:
+    import p2p.mining.cpu.segment as segment
+
+    image = np.full((320, 420, 3), 255, np.uint8)
+    image[20:300, 120:400] = 90  # the plot's area
+    for y in range(30, 300, 50):  # its ticks and their numbers, left of it
+        image[y : y + 2, 110:120] = 0
+        image[y - 6 : y + 8, 62:100] = 0
+    image[10:300, 10:50] = 40  # panel A
+    found = [
+        segment.PanelCandidate(box=(10.0, 10.0, 50.0, 300.0), confidence=0.9),
+        segment.PanelCandidate(box=(60.0, 20.0, 118.0, 300.0), confidence=0.9),
+        segment.PanelCandidate(box=(120.0, 20.0, 400.0, 300.0), confidence=0.9),
+    ]
+    monkeypatch.setattr("p2p.mining.cpu.segment.segment_panels", lambda image, named=None: list(found))
+    reads = ["A", None, "B"]
+    monkeypatch.setattr("p2p.mining.cpu.labels.find_labels", lambda image, panels: [])
+    monkeypatch.setattr("p2p.mining.cpu.labels.assign_labels", lambda panels, detections: list(reads))
+    result = CpuMiner(load_text_encoder=False).mine(image, "(A) Scheme. (B) Plot.")
+    assert [(p.box, p.label) for p in result.panels] == [
+        ((10.0, 10.0, 50.0, 300.0), "A"),
+        ((62.0, 20.0, 400.0, 300.0), "B"),  # tightened to the numbers
+    ]

@@ -133,6 +133,7 @@ class CpuMiner:
             candidates, labels, detections = split_at_labels(
                 image, candidates, labels, detections, named=named
             )
+            candidates, labels = _join_pieces(candidates, labels, named)
         with timer.stage("segment"):
             candidates = trim_labels(image, candidates, labels, detections)
         candidates, labels = in_reading_order(candidates, labels)
@@ -284,6 +285,28 @@ def in_reading_order(
 
     order = reading_order(candidates, labels)
     return [candidates[i] for i in order], [labels[i] for i in order]
+
+
+def _join_pieces(
+    candidates: list[PanelCandidate], labels: list[str | None], named: list[str]
+) -> tuple[list[PanelCandidate], list[str | None]]:
+    """Pieces without a label joined to the labelled panels beside them, when every label the
+    caption names is on a panel already (``count_guided.join_unlabelled``)."""
+    from p2p.mining.cpu.count_guided import SPLIT_CONFIDENCE, join_unlabelled
+
+    boxes = [(int(c.box[0]), int(c.box[1]), int(c.box[2]), int(c.box[3])) for c in candidates]
+    joined, joined_labels = join_unlabelled(boxes, labels, named)
+    if len(joined) == len(boxes):
+        return candidates, labels
+    confidence = {b: c.confidence for b, c in zip(boxes, candidates, strict=True)}
+    panels = [
+        PanelCandidate(
+            box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])),
+            confidence=confidence.get(b, SPLIT_CONFIDENCE),
+        )
+        for b in joined
+    ]
+    return panels, joined_labels
 
 
 def _marker_notes_to_marked_panels(

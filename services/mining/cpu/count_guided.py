@@ -33,7 +33,11 @@ MERGE_FILL = 0.95  # of the joint box two boxes must cover to be halves of one p
 # the joint box neither covers (a gutter); pairs are joined least doubtful first, up to MAX_DOUBT
 GAP_WEIGHT = 20.0
 MAX_DOUBT = 1.0
-SPLIT_CONFIDENCE = 0.6  # boxes cut or joined this way are less sure than the rules' panels
+SPLIT_CONFIDENCE = 0.6
+# a piece without a label joins a labelled neighbour across a gap of at most JOIN_GAP of the
+# figure's size when together they fill JOIN_FILL of their joint box
+JOIN_GAP = 0.02
+JOIN_FILL = 0.8  # boxes cut or joined this way are less sure than the rules' panels
 
 
 def split_to_count(
@@ -101,16 +105,14 @@ def merge_to_count(
     while len(boxes) > named:
         best: tuple[float, int, int] | None = None  # doubt, the two boxes
         for i, j in itertools.combinations(range(len(boxes)), 2):
-            joint = _joint(boxes[i], boxes[j])
-            fill = (area(boxes[i]) + area(boxes[j])) / max(area(joint), 1.0)
+            joint, fill = _joint_fill(boxes[i], boxes[j])
             if fill < MERGE_FILL:
                 continue
             doubt = _junction(maps, boxes[i], boxes[j], joint) + GAP_WEIGHT * (1.0 - fill)
             if doubt > MAX_DOUBT or (best is not None and doubt >= best[0]):
                 continue
-            if any(_share_inside(boxes[k], joint) > 0.1 for k in range(len(boxes)) if k not in (i, j)):
-                continue
-            best = (doubt, i, j)
+            if not _reaches_into_another(boxes, i, j, joint):
+                best = (doubt, i, j)
         if best is None:
             break
         _, i, j = best
@@ -120,6 +122,50 @@ def merge_to_count(
     return boxes, confidence
 
 
+def join_unlabelled(
+    boxes: list[IntBox], labels: list[str | None], named: list[str]
+) -> tuple[list[IntBox], list[str | None]]:
+    """``boxes`` with their ``labels``, each box without a label joined to a labelled neighbour
+    while there are more boxes than the caption's ``named`` labels and every one of those labels
+    is on a box already: then the boxes without one are pieces of panels (a plot cut at its axis,
+    a picture at a bright edge), not panels whose label went unread. A piece joins the neighbour
+    it lies beside (across at most ``JOIN_GAP`` of the figure's size, along at least half its
+    own side) whose joint box fills most of it and reaches into no other box."""
+    have = {label.casefold() for label in labels if label}
+    if len(named) < 2 or len(boxes) <= len(named) or any(n.casefold() not in have for n in named):
+        return boxes, labels
+    boxes, labels = list(boxes), list(labels)
+    reach = JOIN_GAP * max(max(b[2] for b in boxes), max(b[3] for b in boxes))
+    while len(boxes) > len(named):
+        best: tuple[float, int, int] | None = None  # fill, piece, panel
+        for i in (i for i, label in enumerate(labels) if not label):
+            for j in (j for j, label in enumerate(labels) if label):
+                if not _beside(boxes[i], boxes[j], reach):
+                    continue
+                joint, fill = _joint_fill(boxes[i], boxes[j])
+                if fill < JOIN_FILL or (best is not None and fill <= best[0]):
+                    continue
+                if not _reaches_into_another(boxes, i, j, joint):
+                    best = (fill, i, j)
+        if best is None:
+            break
+        _, i, j = best
+        boxes[j] = _joint(boxes[i], boxes[j])
+        del boxes[i], labels[i]
+    return boxes, labels
+
+
+def _beside(a: IntBox, b: IntBox, reach: float) -> bool:
+    """``a`` lies next to ``b`` (a gap of at most ``reach``), sharing half of its own side."""
+    for axis in (0, 1):
+        gap = max(b[axis] - a[axis + 2], a[axis] - b[axis + 2])
+        other = 1 - axis
+        shared = min(a[other + 2], b[other + 2]) - max(a[other], b[other])
+        if -2 <= gap <= reach and shared >= 0.5 * (a[other + 2] - a[other]):
+            return True
+    return False
+
+
 def _junction(maps: seam_net.BoundaryMaps, a: IntBox, b: IntBox, joint: IntBox) -> float:
     """The boundary network's mean probability along the line between ``a`` and ``b``."""
     if max(b[0] - a[2], a[0] - b[2]) >= max(b[1] - a[3], a[1] - b[3]):  # side by side
@@ -127,6 +173,16 @@ def _junction(maps: seam_net.BoundaryMaps, a: IntBox, b: IntBox, joint: IntBox) 
         return float(maps.line_strength(joint, 0, np.array([x - joint[0]]))[0])
     y = (min(a[3], b[3]) + max(a[1], b[1])) / 2.0
     return float(maps.line_strength(joint, 1, np.array([y - joint[1]]))[0])
+
+
+def _joint_fill(a: IntBox, b: IntBox) -> tuple[IntBox, float]:
+    """The joint box of ``a`` and ``b`` and the share of it they cover."""
+    joint = _joint(a, b)
+    return joint, (area(a) + area(b)) / max(area(joint), 1.0)
+
+
+def _reaches_into_another(boxes: list[IntBox], i: int, j: int, joint: IntBox) -> bool:
+    return any(_share_inside(boxes[k], joint) > 0.1 for k in range(len(boxes)) if k not in (i, j))
 
 
 def _joint(a: IntBox, b: IntBox) -> IntBox:
