@@ -118,3 +118,32 @@ def test_the_miner_returns_touching_panels_of_one_tone_apart() -> None:
     assert [p.label for p in result.panels] == ["A", "B"]
     assert [p.subcaption for p in result.panels] == ["(A) Cells at rest.", "(B) Cells after stimulation."]
     assert abs(result.panels[0].box[2] - 310) <= 3
+
+
+def test_a_neighbours_label_inside_a_panel_moves_their_shared_side_back_to_it() -> None:
+    # the boundary between two fields of one tone was placed 30 px too far right: B's label, read
+    # for the right panel, is printed inside the left one
+    image = _fields(side_by_side=True)
+    own = _label(image, "A", 16, 16)
+    _label(image, "B", 316, 16)
+    too_far = [
+        PanelCandidate(box=(10.0, 10.0, 340.0, 310.0), confidence=0.9),
+        PanelCandidate(box=(340.0, 10.0, 610.0, 310.0), confidence=0.9),
+    ]
+    panels, labels, _ = split_at_labels(image, too_far, ["A", "B"], [own], named=["A", "B"])
+    assert labels == ["A", "B"]
+    left, right = (p.box for p in panels)
+    assert abs(left[2] - 310) <= 3 and abs(right[0] - 310) <= 3 and right[2] == 610
+
+
+def test_a_neighbour_with_its_own_label_in_its_corner_keeps_its_side() -> None:
+    image = _fields(side_by_side=True)
+    own = _label(image, "A", 16, 16)
+    _label(image, "B", 316, 16)
+    theirs = _label(image, "B", 346, 16)  # the right panel's own label, in its own corner
+    panels = [
+        PanelCandidate(box=(10.0, 10.0, 340.0, 310.0), confidence=0.9),
+        PanelCandidate(box=(340.0, 10.0, 610.0, 310.0), confidence=0.9),
+    ]
+    out, labels, _ = split_at_labels(image, panels, ["A", "B"], [own, theirs], named=["A", "B"])
+    assert [p.box for p in out] == [p.box for p in panels] and labels == ["A", "B"]

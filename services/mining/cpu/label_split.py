@@ -8,6 +8,10 @@ height as a panel's own label, further along its top edge (or below it, at the s
 its left edge), that reads as a label the caption names and no panel has, is the top-left label of
 a panel of its own. The panel is cut just before it, along the line the panel-boundary network
 (``seam_net``) believes in most near there, and the new part gets that label.
+
+The same glyph reading as the label of the panel just beyond (right of it, or below), one with no
+label in its own corner, says the side the two share was placed too far: it moves back to just
+before the label.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ MIN_STRENGTH = 0.3
 MIN_READING = 0.5
 SURE_READING = 0.8
 SPLIT_CONFIDENCE = 0.6
+TOUCH = 3  # px: panels this close share a side
 
 
 @dataclass(frozen=True)
@@ -63,11 +68,12 @@ def split_at_labels(
 ) -> tuple[list[PanelCandidate], list[str | None], list[LabelDetection]]:
     """``panels`` with their ``labels`` (and the label ``detections``), each panel that holds the
     label of another panel the caption names (``named``, in the caption's spelling) and none of
-    ``labels`` has, cut in two at it; unchanged when nothing is missing or nothing is found."""
+    ``labels`` has, cut in two at it, and each that holds the label of the panel beyond it cut
+    back to it; unchanged when nothing is found."""
     panels, labels, detections = list(panels), list(labels), list(detections)
     have = {label.casefold() for label in labels if label}
     missing = {name.casefold(): name for name in named if name.casefold() not in have}
-    if not missing or not panels:
+    if not panels:
         return panels, labels, detections
     by_text = {d.text: d for d in detections}
     corners = {
@@ -92,7 +98,7 @@ def split_at_labels(
     # only labelled panels: a panel without a label is as likely a table or plot whose digits and
     # letters merely look like labels (a table of numbers in a figure labelled 1-9)
     queue = [k for k, label in enumerate(labels) if label]
-    while queue and missing:
+    while queue:
         k = queue.pop(0)
         corner = corners.get(k, typical)
         box = _int_box(panels[k].box, rgb.shape[1], rgb.shape[0])
@@ -100,25 +106,30 @@ def split_at_labels(
         if not glyphs:
             continue
         for (axis, glyph), detection in zip(glyphs, read_glyphs(gray, [g for _, g in glyphs]), strict=True):
-            if (
-                detection is None
-                or detection.confidence < MIN_READING
-                or detection.text.casefold() not in missing
-            ):
+            if detection is None or detection.confidence < MIN_READING:
+                continue
+            text = detection.text.casefold()
+            after = None if text in missing else _next_panel(panels, labels, corners, k, axis, text)
+            if text not in missing and after is None:
                 continue
             if maps is None:
                 maps = seam_net.boundary_maps(rgb)
             if ink is None:
                 ink = ink_mask(rgb)
-            parts = _cut(
-                rgb, ink, maps, box, axis, glyph.box, corner, sure=detection.confidence >= SURE_READING
-            )
+            sure = detection.confidence >= SURE_READING
+            parts = _cut(rgb, ink, maps, box, axis, glyph.box, corner, sure=sure, own_part=after is None)
             if parts is None:
                 continue
-            name = missing.pop(detection.text.casefold())
             panels[k] = PanelCandidate(
                 box=_float_box(parts[0]), confidence=min(panels[k].confidence, SPLIT_CONFIDENCE)
             )
+            if after is not None:
+                # the label's panel reaches into this one: their shared side moves back to it
+                joint = _joint(parts[1], _int_box(panels[after].box, rgb.shape[1], rgb.shape[0]))
+                panels[after] = PanelCandidate(box=_float_box(joint), confidence=SPLIT_CONFIDENCE)
+                corners[after] = corner
+                break
+            name = missing.pop(text)
             panels.append(PanelCandidate(box=_float_box(parts[1]), confidence=SPLIT_CONFIDENCE))
             labels.append(name)
             detections.append(
@@ -130,6 +141,29 @@ def split_at_labels(
             queue += [k, len(panels) - 1]  # either part may hold a third panel
             break
     return panels, labels, detections
+
+
+def _next_panel(
+    panels: list[PanelCandidate],
+    labels: list[str | None],
+    corners: dict[int, _Corner],
+    k: int,
+    axis: int,
+    text: str,
+) -> int | None:
+    """The panel labelled ``text`` that touches panel ``k`` on its far side along ``axis`` (right
+    of it, or below) and has no label of its own in its corner: its label is the one printed
+    inside ``k``, and ``k`` took a strip of it."""
+    box = panels[k].box
+    for q, label in enumerate(labels):
+        if q == k or q in corners or not label or label.casefold() != text:
+            continue
+        other = panels[q].box
+        across = 1 - axis
+        shared = min(box[across + 2], other[across + 2]) - max(box[across], other[across])
+        if abs(other[axis] - box[axis + 2]) <= TOUCH and shared >= 0.5 * (other[across + 2] - other[across]):
+            return q
+    return None
 
 
 def _corner_of(box: tuple[float, float, float, float], detection: LabelDetection) -> _Corner | None:
@@ -154,8 +188,8 @@ def _edge_glyphs(gray: np.ndarray, box: IntBox, corner: _Corner) -> list[tuple[i
     left = round(x1 + corner.dx)
     first = round(MIN_PART * h)
     bands = (
-        (0, (x1 + first, max(y1, top - margin), x2 - first // 2, top + span)),
-        (1, (max(x1, left - margin), y1 + first, left + 4 * span, y2 - first // 2)),
+        (0, (x1 + first, max(y1, top - margin), x2, top + span)),
+        (1, (max(x1, left - margin), y1 + first, left + 4 * span, y2)),
     )
     for axis, (bx1, by1, bx2, by2) in bands:
         if bx2 - bx1 < h or by2 - by1 < h:
@@ -245,6 +279,7 @@ def _cut(
     corner: _Corner,
     *,
     sure: bool,
+    own_part: bool = True,
 ) -> tuple[IntBox, IntBox] | None:
     """The panel cut just before the second label's corner (the line the boundary network
     believes in most there), when it believes in it and both parts are panel-sized."""
@@ -271,11 +306,18 @@ def _cut(
     if len(parts) < 2:
         return None
     first, second = parts
-    if min(first[axis + 2] - first[axis], second[axis + 2] - second[axis]) < MIN_PART * h:
+    # the part from the label on is a panel of its own, or (``own_part`` False) a strip of the
+    # label's panel that joins it, any size
+    sizes = (first[axis + 2] - first[axis], second[axis + 2] - second[axis] if own_part else np.inf)
+    if min(sizes) < MIN_PART * h:
         return None
     if second[axis] > glyph[axis]:
         return None  # the label would lie outside its own part
     return first, second
+
+
+def _joint(a: IntBox, b: IntBox) -> IntBox:
+    return (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
 
 
 def _int_box(box: tuple[float, float, float, float], width: int, height: int) -> IntBox:
