@@ -6,6 +6,7 @@ on tiny generated figures)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from p2p.mining.cpu.marker_net import (
 from p2p.mining.cpu.markers import FUSION_FEATURES, detect_markers
 from tests.helpers import run_module
 
-MARKERS = [
+MARKERS: list[dict[str, Any]] = [
     {
         "kind": "arrow",
         "point": (41.0, 30.0),
@@ -258,6 +259,7 @@ def test_batchnorm_folding_keeps_the_output():
     net = MarkerNet()
     for module in net.modules():  # running statistics a trained network would have
         if isinstance(module, torch.nn.BatchNorm2d):
+            assert module.running_mean is not None and module.running_var is not None
             module.running_mean.uniform_(-0.5, 0.5)
             module.running_var.uniform_(0.5, 2.0)
     net.eval()
@@ -281,7 +283,7 @@ def test_the_network_runs_on_one_thread_and_leaves_the_setting_as_it_was():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        marker_net.run_net(Probe(), np.zeros((40, 40, 3), np.uint8))  # type: ignore[arg-type]
+        marker_net.run_net(Probe(), np.zeros((40, 40, 3), np.uint8))
         assert seen == [1]
         assert torch.get_num_threads() == 2
     finally:
@@ -653,7 +655,7 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     """A zoom-in has a source region: when the panel's chosen markers have an inset and no box,
     the most probable weak box peak outside the inset is reported; without an inset it is not,
     nor is a box peak on the inset itself."""
-    from p2p.mining.cpu.markers import _SOURCE_BOX, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers import _RESCUE_KIND, _SOURCE_BOX, _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     inset = _Cand("inset", (200, 0, 300, 80), (250.0, 40.0), 0.9, region=(200.0, 0.0, 300.0, 80.0))
@@ -671,7 +673,8 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     on_inset = box(240, 30, 0.28)
     net = [likely, unlikely, faint, on_inset]
     # All below the boxes' rescue level; the faint one and the one on the inset likelier.
-    probability = np.array([0.9, 0.3, 0.1, 0.45, 0.4])
+    level = _RESCUE_KIND["box"]
+    probability = np.array([0.9, level - 0.1, level - 0.25, level - 0.02, level - 0.05])
     assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability) == [inset, likely]
     assert _choose(_Found(panel, panel, [], net, None), net, probability[1:]) == []
 
@@ -700,4 +703,54 @@ def test_stars_and_boxes_are_rescued_below_the_symbols_level_and_arrows_are_not(
     net = [star, box, head]
     found = _Found(panel, panel, [], net, None)
     assert _choose(found, net, np.array([0.45, 0.55, 0.55])) == [box, star]
-    assert _choose(found, net, np.array([0.35, 0.45, 0.75])) == []
+    assert _choose(found, net, np.array([0.35, 0.25, 0.75])) == []
+
+
+def test_a_blend_averages_the_log_odds_of_a_model_fitted_before_features_were_appended():
+    """``train_marker_net --blend w``: one tree ensemble whose log-odds are w of the new model's
+    and 1 - w of the old one's, the old one reading only the columns it was fitted on."""
+    from scipy.special import logit
+
+    from p2p.mining.cpu import train_marker_net as tm
+
+    rng = np.random.default_rng(7)
+    n_old = 5
+    x = rng.normal(size=(400, len(FUSION_FEATURES)))
+    y_old = (x[:, 0] + 0.3 * rng.normal(size=400)) > 0.0
+    y_new = (x[:, 0] + x[:, -1] + 0.3 * rng.normal(size=400)) > 0.0
+    old = tm.fit_fusion(x[:, :n_old], y_old)
+    old = replace(old, names=FUSION_FEATURES[:n_old])
+    new = tm.fit_fusion(x, y_new)
+    test = rng.normal(size=(60, len(FUSION_FEATURES)))
+    both = tm.blend(old, new, 0.3)
+    expected = 0.7 * logit(old.probability(test[:, :n_old])) + 0.3 * logit(new.probability(test))
+    assert logit(both.probability(test)) == pytest.approx(expected, abs=1e-6)
+    assert both.names == FUSION_FEATURES
+    assert tm.blend(old, new, 1.0).probability(test) == pytest.approx(new.probability(test), abs=1e-9)
+    with pytest.raises(ValueError):
+        tm.blend(replace(old, names=("other", *FUSION_FEATURES[1:n_old])), new, 0.5)
+
+
+def test_fusion_features_tell_a_drawn_glyph_from_a_faint_blob_of_the_panels_hue():
+    """A solid yellow star on a reddish panel against a faint red blob: more contrast, more ink,
+    a hue the panel has little of; candidates on one glyph count each other."""
+    from p2p.mining.cpu.markers import _Cand, _Found, _Panel, fusion_features
+
+    rgb = np.zeros((160, 200, 3), np.uint8)
+    rgb[:] = (150, 60, 60)
+    rgb[40:52, 40:52] = (250, 230, 0)  # the drawn glyph
+    rgb[104:108, 144:148] = (200, 40, 40)  # a small faint blob of the panel's own hue
+    panel = _Panel(rgb)
+    star = _Cand("star", (40, 40, 52, 52), (46.0, 46.0), 0.9)
+    peak = _Cand("arrowhead", (41, 41, 51, 51), (46.0, 47.0), 0.3, region=(40.0, 40.0, 60.0, 60.0))
+    blob = _Cand("star", (140, 100, 152, 112), (146.0, 106.0), 0.5)
+    cands, rows = fusion_features(_Found(panel, panel, [star, blob], [peak], None))
+    col = {name: rows[:, i] for i, name in enumerate(FUSION_FEATURES)}
+    assert cands == [star, blob, peak]
+    assert col["contrast"][0] > 0.5 > col["contrast"][1]
+    assert col["ink_share"][0] > 0.9 and col["ink_share"][1] < 0.5
+    assert col["hue_share"][0] < 0.05 < col["hue_share"][1]
+    assert col["glyph_sat"][0] > 0.9
+    assert list(col["on_glyph"]) == [1.0, 0.0, 1.0]
+    assert col["other_kind"][0] == pytest.approx(0.3) and col["other_kind"][2] == pytest.approx(0.9)
+    assert list(col["rank"]) == [0.0, 1.0, 0.0]  # one star scores higher than the blob

@@ -28,10 +28,20 @@ one (the strict rule), fitted by scikit-learn's gradient-boosted trees:
         --data /tmp/fusion-c --data /tmp/fusion-d --figures 400 --data-seed 120001 \\
         --out services/mining/cpu/marker_net.pt
 
-(the shipped fusion model: 400 figures each of seeds 120001-120004, 55,224 candidates, about
-six minutes on one thread). Its measurements include the network's output: they are taken with
-the network stored in ``--out``, so after retraining the network, retrain the fusion model into
-the new network's file.
+(the first shipped fusion model: 400 figures each of seeds 120001-120004, 55,224 candidates,
+about six minutes on one thread). The shipped one is that model blended half and half (their
+log-odds averaged) with one fitted with the glyph features (``markers._GLYPH_FEATURES``) on 400
+figures each of seeds 160000-160003 (56,092 candidates):
+
+    python -m p2p.mining.cpu.train_marker_net --fusion --blend 0.5 --data /tmp/fusion-e \\
+        --data /tmp/fusion-f --data /tmp/fusion-g --data /tmp/fusion-h --figures 400 \\
+        --data-seed 160000 --out services/mining/cpu/marker_net.pt
+
+(``--blend`` keeps the model already in ``--out`` and adds the new one's trees; it reads the
+columns it was fitted on, the first ones. Alone the new model found more on synthetic figures
+and less well on the real ones; see ``markers._GLYPH_FEATURES``.) Its measurements include
+the network's output: they are taken with the network stored in ``--out``, so after retraining
+the network, retrain the fusion model into the new network's file.
 A fusion model trained on more figures beside the shipped network (six folders of 400 figures,
 ``--data-seed 150000``, 83,159 candidates, 27 minutes on one thread under load) was no better on
 synthetic figures (validation seeds 320001/320002 recall 0.870/0.897 -> 0.868/0.898) and worse
@@ -48,7 +58,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -357,8 +367,39 @@ def fit_fusion(x: np.ndarray, y: np.ndarray, *, seed: int = 0) -> Any:
     )
 
 
+def blend(base: Any, model: Any, weight: float) -> Any:
+    """One ``TreeEnsemble`` whose log-odds are ``weight`` of ``model``'s plus the rest of
+    ``base``'s: both sets of trees, their leaves scaled. ``base`` may read fewer columns than
+    ``model`` (a model fitted before features were appended), never other ones."""
+    if tuple(model.names[: len(base.names)]) != tuple(base.names):
+        raise ValueError("the base model's features must be the first of the new model's")
+    width = max(base.feature.shape[1], model.feature.shape[1])
+
+    def padded(m: Any, scale: float) -> list[np.ndarray]:
+        n_trees, w = m.feature.shape
+        own = np.tile(np.arange(width, dtype=np.int64), (n_trees, 1))  # padding: leaves of themselves
+        feature, left, right = np.zeros((n_trees, width), np.int64), own.copy(), own.copy()
+        threshold, value = np.full((n_trees, width), np.inf), np.zeros((n_trees, width))
+        feature[:, :w], threshold[:, :w], left[:, :w], right[:, :w] = m.feature, m.threshold, m.left, m.right
+        value[:, :w] = scale * m.value
+        return [feature, threshold, left, right, value]
+
+    parts = zip(padded(base, 1.0 - weight), padded(model, weight), strict=True)
+    feature, threshold, left, right, value = (np.concatenate(pair) for pair in parts)
+    return replace(
+        model,
+        feature=feature,
+        threshold=threshold,
+        left=left,
+        right=right,
+        value=value,
+        baseline=(1.0 - weight) * base.baseline + weight * model.baseline,
+        depth=max(base.depth, model.depth),
+    )
+
+
 def main_fusion(args: argparse.Namespace) -> int:
-    from p2p.mining.cpu.marker_net import load_weights, save_fusion
+    from p2p.mining.cpu.marker_net import load_fusion, load_weights, save_fusion
 
     # The candidates are measured with the network the model will sit beside, not the shipped one.
     net = load_weights(args.out)
@@ -375,6 +416,8 @@ def main_fusion(args: argparse.Namespace) -> int:
         xs.append(x)
         ys.append(y)
     model = fit_fusion(np.concatenate(xs), np.concatenate(ys), seed=args.seed)
+    if args.blend is not None:
+        model = blend(load_fusion(args.out), model, args.blend)
     save_fusion(model, args.out)
     print(
         f"wrote the fusion model ({model.feature.shape[0]} trees) into {args.out}",
@@ -406,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", type=Path, default=None, help="continue from these weights")
     parser.add_argument(
         "--fusion", action="store_true", help="train the fusion model into --out (keeps its network)"
+    )
+    parser.add_argument(
+        "--blend",
+        type=float,
+        default=None,
+        help="with --fusion: average the new model's log-odds, this weight, with the one in --out",
     )
     args = parser.parse_args(argv)
     if args.data_seed not in TRAIN_SEEDS or args.data_seed + len(args.data) - 1 not in TRAIN_SEEDS:
