@@ -754,3 +754,27 @@ def test_fusion_features_tell_a_drawn_glyph_from_a_faint_blob_of_the_panels_hue(
     assert list(col["on_glyph"]) == [1.0, 0.0, 1.0]
     assert col["other_kind"][0] == pytest.approx(0.3) and col["other_kind"][2] == pytest.approx(0.9)
     assert list(col["rank"]) == [0.0, 1.0, 0.0]  # one star scores higher than the blob
+
+
+def test_a_faint_network_asterisk_is_kept_only_where_the_model_is_fairly_sure():
+    """The levels keep asterisk peaks from 0.2; those under ``_WEAK_PEAK`` need the model's
+    ``_WEAK_VETO``, where a stronger peak needs only ``_VETO``."""
+    from p2p.mining.cpu.markers import _VETO, _WEAK_PEAK, _WEAK_VETO, _Cand, _choose, _Found, _Panel
+
+    panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
+
+    def asterisk(x: float, score: float) -> _Cand:
+        return _Cand(
+            "asterisk",
+            (int(x) - 4, 96, int(x) + 4, 104),
+            (x, 100.0),
+            score,
+            region=(x - 8, 92.0, x + 8, 108.0),
+        )
+
+    faint, strong = asterisk(60.0, 0.25), asterisk(200.0, 0.35)
+    assert faint.score < _WEAK_PEAK <= strong.score and _VETO < _WEAK_VETO
+    found = _Found(panel, panel, [], [faint, strong], None)
+    between = (_VETO + _WEAK_VETO) / 2
+    assert _choose(found, [faint, strong], np.array([between, between])) == [strong]
+    assert _choose(found, [faint, strong], np.array([_WEAK_VETO, between])) == [faint, strong]
