@@ -101,6 +101,7 @@ class CpuMiner:
     def mine(self, image: np.ndarray, caption: str, *, context: Any = None) -> MiningResult:
         """``context`` (title, abstract) is for backends that read it; this one does not."""
         from p2p.mining.captions import split_caption
+        from p2p.mining.cpu.axis_strips import return_axis_strips
         from p2p.mining.cpu.label_split import split_at_labels
         from p2p.mining.cpu.label_trim import trim_labels
         from p2p.mining.cpu.labels import assign_labels, find_labels
@@ -136,6 +137,7 @@ class CpuMiner:
             candidates, labels = _join_pieces(candidates, labels, named)
         with timer.stage("segment"):
             candidates = trim_labels(image, candidates, labels, detections)
+            candidates = return_axis_strips(image, candidates, detections)
         candidates, labels = in_reading_order(candidates, labels)
         label_boxes = {d.text: d.box for d in detections}
 

@@ -1,0 +1,119 @@
+"""A plot's y-axis text handed back from the panel on its left.
+
+Between a picture and the plot to its right, the plot's tick labels and axis title stand in the
+gutter, left of the plot's axis line. The segmenter (its gutters blocked by a label above them, or
+its seam cut made at the axis line, the strongest line there) often gives that text to the picture,
+whose box then reaches over the gutter (the picture's right side 20-60 px too far, the plot's left
+side as far short). The text is told apart by where it stands: a strip of ink at the right of the
+left panel, apart from the panel's own content by blank columns, lying within the rows of the plot,
+right against the plot's axis line (a dark line down the plot's left side). It goes to the plot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+from p2p.mining.cpu.segment import IntBox, ink_mask, recall_analysis, tight_box
+from p2p.mining.types import LabelDetection, PanelCandidate
+
+TOUCH = 6  # px between the left panel's right side and the plot's left side
+AXIS_WIDTH = 10  # px: the plot's axis line lies within this of its left side (ticks stick out)
+AXIS_SHARE = 0.6  # of the plot's height the axis line runs down
+DARK = 110  # grey level below which a pixel is axis line
+MIN_GAP = 3  # blank columns between the panel's own content and the strip
+MAX_STRIP = 0.3  # of the left panel's width
+ROW_SLACK = 6  # px the strip's ink may stand above or below the plot's rows
+
+
+def return_axis_strips(
+    image: np.ndarray, panels: Sequence[PanelCandidate], labels: Sequence[LabelDetection]
+) -> list[PanelCandidate]:
+    """``panels`` with each plot's y-axis text moved from the panel on its left into the plot.
+    The ``labels`` read are no content: a plot's label above its axis text bridges the gutter."""
+    panels = list(panels)
+    if len(panels) < 2:
+        return panels
+    rgb = np.ascontiguousarray(image[..., :3])
+    analysis = recall_analysis(image)
+    if analysis is not None and analysis.gray.shape == rgb.shape[:2] and analysis.ink is not None:
+        gray, ink = analysis.gray, analysis.ink.copy()
+    else:
+        gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+        ink = ink_mask(rgb)
+    for label in labels:
+        lx1, ly1, lx2, ly2 = _int_box(label.box)
+        ink[max(0, ly1) : ly2, max(0, lx1) : lx2] = False
+    boxes = [_int_box(p.box) for p in panels]
+    for j, plot in enumerate(boxes):
+        if not _axis_line(gray, plot):
+            continue
+        for i, left in enumerate(boxes):
+            if i == j or not 0 <= plot[0] - left[2] <= TOUCH or not _rows_shared(left, plot):
+                continue
+            moved = _strip(ink, left, plot)
+            if moved is None:
+                continue
+            boxes[i], boxes[j] = moved
+            panels[i] = PanelCandidate(box=_float_box(moved[0]), confidence=panels[i].confidence)
+            panels[j] = PanelCandidate(box=_float_box(moved[1]), confidence=panels[j].confidence)
+            break
+    return panels
+
+
+def _axis_line(gray: np.ndarray, box: IntBox) -> bool:
+    """A dark line runs down most of the box at its left side (a plot's y axis)."""
+    x1, y1, x2, y2 = box
+    band = gray[y1:y2, x1 : min(x2, x1 + AXIS_WIDTH)]
+    if band.size == 0 or y2 - y1 < 8:
+        return False
+    return bool(((band < DARK).sum(axis=0) >= AXIS_SHARE * (y2 - y1)).any())
+
+
+def _rows_shared(left: IntBox, plot: IntBox) -> bool:
+    shared = min(left[3], plot[3]) - max(left[1], plot[1])
+    return shared >= 0.5 * (plot[3] - plot[1])
+
+
+def _strip(ink: np.ndarray, left: IntBox, plot: IntBox) -> tuple[IntBox, IntBox] | None:
+    """(the left panel without the strip, the plot with it), or None when the left panel ends
+    in no such strip: blank columns before it, its ink within the plot's rows."""
+    x1, y1, x2, y2 = left
+    columns: np.ndarray = np.asarray(ink[y1:y2, x1:x2].any(axis=0))
+    width = x2 - x1
+    limit = max(1, width - round(MAX_STRIP * width))
+    # the blank run nearest the panel's own content: the strip may hold several (tick labels,
+    # then the axis title)
+    start = None
+    k = limit
+    while k < width:
+        if columns[k]:
+            k += 1
+            continue
+        run = k
+        while k < width and not columns[k]:
+            k += 1
+        if k - run >= MIN_GAP and k < width and columns[:run].any():
+            start = k
+            break
+    if start is None:
+        return None
+    strip = ink[y1:y2, x1 + start : x2]
+    rows = np.flatnonzero(strip.any(axis=1))
+    if y1 + rows[0] < plot[1] - ROW_SLACK or y1 + rows[-1] + 1 > plot[3] + ROW_SLACK:
+        return None  # ink above or below the plot: the panel's own (a colour bar, a legend)
+    rest = tight_box(ink, (x1, y1, x1 + start, y2))
+    if rest is None:
+        return None
+    top, bottom = y1 + int(rows[0]), y1 + int(rows[-1]) + 1
+    return rest, (x1 + start, min(plot[1], top), plot[2], max(plot[3], bottom))
+
+
+def _int_box(box: tuple[float, float, float, float]) -> IntBox:
+    return (int(box[0]), int(box[1]), round(box[2]), round(box[3]))
+
+
+def _float_box(box: IntBox) -> tuple[float, float, float, float]:
+    return (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
