@@ -2220,18 +2220,10 @@ def _find(native_rgb: np.ndarray, *, use_net: bool, net: marker_net.MarkerNet | 
     return _Found(panel, native, rules, net_cands, out[: len(marker_net.KINDS)])
 
 
-def _near(a: _Cand, b: _Cand, reach: float) -> bool:
-    """``b``'s point lies on ``a``'s glyph (within ``reach``) or their glyphs overlap."""
-    gx1, gy1, gx2, gy2 = a.glyph
-    px, py = b.point
-    return (gx1 - reach <= px <= gx2 + reach and gy1 - reach <= py <= gy2 + reach) or _iou(
-        a.glyph, b.glyph
-    ) > _SAME_GLYPH_IOU
-
-
 def _near_all(cands: list[_Cand], reach: float) -> list[list[int]]:
-    """For each candidate, the others ``_near`` it (``near[i]`` holds j when ``_near(cands[i],
-    cands[j])``), for all pairs at once: a panel has tens of candidates."""
+    """For each candidate i, the others j on it: j's point lies on i's glyph (within ``reach``)
+    or their glyphs overlap (intersection over union above ``_SAME_GLYPH_IOU``). All pairs at
+    once: a panel has tens of candidates."""
     glyph = np.array([c.glyph for c in cands], dtype=np.float64).reshape(-1, 4)
     point = np.array([c.point for c in cands], dtype=np.float64).reshape(-1, 2)
     gx1, gy1, gx2, gy2 = (glyph[:, k, None] for k in range(4))
