@@ -99,6 +99,32 @@ def test_panels_without_a_read_label_keep_their_ink() -> None:
     assert trim_labels(rgb, panels, ["a"], [LabelDetection("c", (0.0, 0.0, 10.0, 10.0), 0.9)]) == panels
 
 
+def _read_elsewhere(rgb: np.ndarray, glyph: tuple[int, int, int, int]) -> LabelDetection:
+    """Another panel's label, read, as tall as ``glyph``: the figure's label size."""
+    return LabelDetection("a", (330.0, 10.0, 360.0, float(10 + glyph[3] - glyph[1])), 0.9)
+
+
+@pytest.mark.parametrize("misread", [False, True], ids=["unread", "read-as-another"])
+def test_an_unread_label_heading_the_box_leaves_it(misread: bool) -> None:
+    # "(b)" assigned from the caption's sequence, its glyphs never read as "b": a label-sized
+    # group at the box's top left, blank rows under it, is still its label
+    rgb, panel, glyph = _label_over_plot("(b)")
+    detections = [_read_elsewhere(rgb, glyph)]
+    if misread:  # what OCR made of part of it ("(b" -> "6")
+        detections.append(LabelDetection("6", _float((glyph[0] + 8, glyph[1], glyph[2] - 8, glyph[3])), 0.5))
+    out = trim_labels(rgb, [panel], ["b"], detections)
+    assert out[0].box == _plot_alone((40, 70, 300, 260))
+
+
+def test_a_title_heading_the_box_is_the_panels_own() -> None:
+    rgb = _page()
+    cv2.putText(rgb, "Weight over time", (40, 50), cv2.FONT_HERSHEY_SIMPLEX, 0.8, (0, 0, 0), 2, cv2.LINE_AA)
+    _plot(rgb, (40, 70, 300, 260))
+    panel = _candidate(_ink_box(rgb, (0, 0, 400, 300)))
+    glyph = _ink_box(rgb, (0, 0, 400, 65))
+    assert trim_labels(rgb, [panel], ["b"], [_read_elsewhere(rgb, glyph)]) == [panel]
+
+
 @pytest.mark.parametrize("seed", [14, 21])
 def test_the_miner_takes_read_labels_out_of_plot_and_diagram_boxes(seed: int) -> None:
     # figures where the segmenter's label guess keeps one outside label inside its panel's box

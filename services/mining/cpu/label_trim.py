@@ -26,6 +26,13 @@ EDGE_BAND = 3  # px along a box's sides where a neighbour's pixels may lie
 SLIVER = 2  # px: the most of a neighbour's image a box may hold along a side
 MIN_KEPT = 0.5  # of the box's area: a trim leaving less than this took content, not a label
 MAX_OVERLAP = 0.3  # of the label's area: it may overlap the tightened box this much (over a frame)
+# An unread label heading a box: ink rows UNREAD_HEIGHT times the read labels' height from its top,
+# at least UNREAD_GAP blank rows under them (looked for within UNREAD_REACH heights), the ink at
+# most UNREAD_WIDTH heights wide
+UNREAD_HEIGHT = (0.6, 1.6)
+UNREAD_GAP = 2
+UNREAD_REACH = 3.0
+UNREAD_WIDTH = 4.0
 
 
 def trim_labels(
@@ -41,6 +48,7 @@ def trim_labels(
     mask, ids, stats = _ink(image)
     height, width = mask.shape
     read = [(d.text.lower(), g) for d in detections if (g := _clip(d.box, width, height)) is not None]
+    size = float(np.median([g[3] - g[1] for _, g in read])) if read else 0.0  # a label's height
     out = list(panels)
     for k, (panel, label) in enumerate(zip(panels, labels, strict=True)):
         box = _clip(panel.box, width, height)
@@ -50,6 +58,13 @@ def trim_labels(
         own = [g for text, g in read if label and text == label.lower()]
         glyphs = sorted(own, key=lambda g: -intersection(g, box))[:1]
         glyphs += [g for _, g in read if g not in glyphs and _at_edge(g, box)]
+        if label and size and not any(intersection(g, box) for g in glyphs[:1] if g in own):
+            # the panel's label not read on it (assigned from the caption's sequence, or read as
+            # something else, "(viii)" as "vii"): a label-sized group heading the box, blank
+            # rows under it, is that label; what was read of it goes with it
+            unread = _unread_label(mask, box, size)
+            if unread is not None:
+                glyphs = [g for g in glyphs if not intersection(g, unread)] + [unread]
         trimmed = _without(mask, box, glyphs, _foreign(ids, stats, box))
         if trimmed is not None and trimmed != box:
             x1, y1, x2, y2 = trimmed
@@ -57,6 +72,26 @@ def trim_labels(
                 box=(float(x1), float(y1), float(x2), float(y2)), confidence=panel.confidence
             )
     return out
+
+
+def _unread_label(mask: np.ndarray, box: IntBox, size: float) -> IntBox | None:
+    """The glyphs heading ``box`` at its left when they look like a label of height ``size``:
+    ink rows from the top as tall as a label, then blank rows, the ink no wider than a label
+    ("(viii)") and starting at the box's left side."""
+    x1, y1, x2, y2 = box
+    rows: np.ndarray = np.asarray(mask[y1 : min(y2, y1 + round(UNREAD_REACH * size)), x1:x2].any(axis=1))
+    if rows.size == 0 or not rows[0]:
+        return None
+    blank = np.flatnonzero(~rows)
+    if blank.size < UNREAD_GAP or not UNREAD_HEIGHT[0] * size <= blank[0] <= UNREAD_HEIGHT[1] * size:
+        return None
+    end = int(blank[0])
+    if not (~rows[end : end + UNREAD_GAP]).all():
+        return None
+    cols = np.flatnonzero(mask[y1 : y1 + end, x1:x2].any(axis=0))
+    if cols[0] > size or cols[-1] - cols[0] + 1 > UNREAD_WIDTH * size:
+        return None
+    return (x1 + int(cols[0]), y1, x1 + int(cols[-1]) + 1, y1 + end)
 
 
 def _ink(image: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
