@@ -14,13 +14,15 @@ PLOT = (300, 20, 500, 290)  # a plot's frame: its y axis at x = 300
 STRIP = (262, 30, 293, 280)  # its tick labels and axis title, in the gutter left of the axis
 
 
-def _figure(*, strip_rows: tuple[int, int] = (STRIP[1], STRIP[3]), axis: bool = True) -> np.ndarray:
+def _figure(
+    *, strip_rows: tuple[int, int] = (STRIP[1], STRIP[3]), axis: bool = True, spine: int = 0
+) -> np.ndarray:
     rng = np.random.default_rng(0)
     image = np.full((320, 520, 3), 255, np.uint8)
     x1, y1, x2, y2 = IMAGE
     image[y1:y2, x1:x2] = np.clip(rng.normal(90, 20, (y2 - y1, x2 - x1, 3)), 0, 200).astype(np.uint8)
     x1, y1, x2, y2 = PLOT
-    cv2.rectangle(image, (x1 if axis else x1 + 40, y1), (x2 - 1, y2 - 1), (0, 0, 0), 2)
+    cv2.rectangle(image, (x1 if axis else x1 + 40, y1), (x2 - 1, y2 - 1), (spine, spine, spine), 2)
     cv2.rectangle(image, (x1 + 40, y1 + 60), (x1 + 80, y2 - 2), (30, 90, 200), -1)  # a bar
     top, bottom = strip_rows
     for y in range(top, bottom - 10, 40):  # tick numbers, right-aligned to the axis
@@ -37,8 +39,9 @@ def _as_found(strip_end: int = 295) -> list[PanelCandidate]:
     ]
 
 
-def test_the_plots_axis_text_goes_from_the_picture_to_the_plot() -> None:
-    out = return_axis_strips(_figure(), _as_found(), [])
+@pytest.mark.parametrize("spine", [0, 150], ids=["black-axis", "grey-axis"])
+def test_the_plots_axis_text_goes_from_the_picture_to_the_plot(spine: int) -> None:
+    out = return_axis_strips(_figure(spine=spine), _as_found(), [])
     picture, plot = (p.box for p in out)
     assert picture == (10.0, 10.0, 250.0, 300.0)
     assert plot[0] == pytest.approx(STRIP[0], abs=1) and plot[1:] == (20.0, 500.0, 290.0)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import cv2
 import numpy as np
 
 from p2p.mining.cpu.segment import IntBox, ink_mask, recall_analysis, tight_box
@@ -22,7 +21,6 @@ from p2p.mining.types import LabelDetection, PanelCandidate
 TOUCH = 6  # px between the left panel's right side and the plot's left side
 AXIS_WIDTH = 10  # px: the plot's axis line lies within this of its left side (ticks stick out)
 AXIS_SHARE = 0.6  # of the plot's height the axis line runs down
-DARK = 110  # grey level below which a pixel is axis line
 MIN_GAP = 3  # blank columns between the panel's own content and the strip
 MAX_STRIP = 0.3  # of the left panel's width
 ROW_SLACK = 6  # px the strip's ink may stand above or below the plot's rows
@@ -38,17 +36,16 @@ def return_axis_strips(
         return panels
     rgb = np.ascontiguousarray(image[..., :3])
     analysis = recall_analysis(image)
-    if analysis is not None and analysis.gray.shape == rgb.shape[:2] and analysis.ink is not None:
-        gray, ink = analysis.gray, analysis.ink.copy()
+    if analysis is not None and analysis.ink is not None and analysis.ink.shape == rgb.shape[:2]:
+        ink = analysis.ink.copy()
     else:
-        gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
         ink = ink_mask(rgb)
     for label in labels:
         lx1, ly1, lx2, ly2 = _int_box(label.box)
         ink[max(0, ly1) : ly2, max(0, lx1) : lx2] = False
     boxes = [_int_box(p.box) for p in panels]
     for j, plot in enumerate(boxes):
-        if not _axis_line(gray, plot):
+        if not _axis_line(ink, plot):
             continue
         for i, left in enumerate(boxes):
             if i == j or not 0 <= plot[0] - left[2] <= TOUCH or not _rows_shared(left, plot):
@@ -63,13 +60,14 @@ def return_axis_strips(
     return panels
 
 
-def _axis_line(gray: np.ndarray, box: IntBox) -> bool:
-    """A dark line runs down most of the box at its left side (a plot's y axis)."""
+def _axis_line(ink: np.ndarray, box: IntBox) -> bool:
+    """A line of ink runs down most of the box at its left side (a plot's y axis: thin, often
+    grey once JPEG has blurred it, so ink rather than dark)."""
     x1, y1, x2, y2 = box
-    band = gray[y1:y2, x1 : min(x2, x1 + AXIS_WIDTH)]
+    band = ink[y1:y2, x1 : min(x2, x1 + AXIS_WIDTH)]
     if band.size == 0 or y2 - y1 < 8:
         return False
-    return bool(((band < DARK).sum(axis=0) >= AXIS_SHARE * (y2 - y1)).any())
+    return bool((band.sum(axis=0) >= AXIS_SHARE * (y2 - y1)).any())
 
 
 def _rows_shared(left: IntBox, plot: IntBox) -> bool:
