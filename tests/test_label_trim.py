@@ -116,6 +116,18 @@ def test_an_unread_label_heading_the_box_leaves_it(misread: bool) -> None:
     assert out[0].box == _plot_alone((40, 70, 300, 260))
 
 
+def test_an_unread_label_with_dotted_letters_one_row_above_a_table() -> None:
+    # "viii": the i's dots stand apart above their stems, and the table's frame starts one
+    # blank row under the label
+    rgb = _page()
+    _label(rgb, "viii", 40, 50)
+    glyph = _ink_box(rgb, (0, 0, 400, 65))
+    _plot(rgb, (40, glyph[3] + 2, 300, 260))  # its 2 px frame from the second row down
+    panel = _candidate(_ink_box(rgb, (0, 0, 400, 300)))
+    out = trim_labels(rgb, [panel], ["viii"], [_read_elsewhere(rgb, glyph)])
+    assert out[0].box == _float(_ink_box(rgb, (0, glyph[3], 400, 300)))
+
+
 def test_a_title_heading_the_box_is_the_panels_own() -> None:
     rgb = _page()
     cv2.putText(rgb, "Weight over time", (40, 50), cv2.FONT_HERSHEY_SIMPLEX, 0.8, (0, 0, 0), 2, cv2.LINE_AA)

@@ -27,10 +27,10 @@ SLIVER = 2  # px: the most of a neighbour's image a box may hold along a side
 MIN_KEPT = 0.5  # of the box's area: a trim leaving less than this took content, not a label
 MAX_OVERLAP = 0.3  # of the label's area: it may overlap the tightened box this much (over a frame)
 # An unread label heading a box: ink rows UNREAD_HEIGHT times the read labels' height from its top,
-# at least UNREAD_GAP blank rows under them (looked for within UNREAD_REACH heights), the ink at
-# most UNREAD_WIDTH heights wide
+# at least UNREAD_GAP blank rows under them (looked for within UNREAD_REACH heights; a table's
+# frame can start one row below its label), the ink at most UNREAD_WIDTH heights wide
 UNREAD_HEIGHT = (0.6, 1.6)
-UNREAD_GAP = 2
+UNREAD_GAP = 1
 UNREAD_REACH = 3.0
 UNREAD_WIDTH = 4.0
 
@@ -82,8 +82,10 @@ def _unread_label(mask: np.ndarray, box: IntBox, size: float) -> IntBox | None:
     rows: np.ndarray = np.asarray(mask[y1 : min(y2, y1 + round(UNREAD_REACH * size)), x1:x2].any(axis=1))
     if rows.size == 0 or not rows[0]:
         return None
+    # the first blank row below a label's height of ink (an "i"'s dot stands apart above it)
     blank = np.flatnonzero(~rows)
-    if blank.size < UNREAD_GAP or not UNREAD_HEIGHT[0] * size <= blank[0] <= UNREAD_HEIGHT[1] * size:
+    blank = blank[blank >= UNREAD_HEIGHT[0] * size]
+    if blank.size == 0 or blank[0] > UNREAD_HEIGHT[1] * size:
         return None
     end = int(blank[0])
     if not (~rows[end : end + UNREAD_GAP]).all():
