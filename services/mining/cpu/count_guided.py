@@ -33,11 +33,11 @@ MERGE_FILL = 0.95  # of the joint box two boxes must cover to be halves of one p
 # the joint box neither covers (a gutter); pairs are joined least doubtful first, up to MAX_DOUBT
 GAP_WEIGHT = 20.0
 MAX_DOUBT = 1.0
-SPLIT_CONFIDENCE = 0.6
+SPLIT_CONFIDENCE = 0.6  # boxes cut or joined this way are less sure than the rules' panels
 # a piece without a label joins a labelled neighbour across a gap of at most JOIN_GAP of the
 # figure's size when together they fill JOIN_FILL of their joint box
 JOIN_GAP = 0.02
-JOIN_FILL = 0.8  # boxes cut or joined this way are less sure than the rules' panels
+JOIN_FILL = 0.8
 
 
 def split_to_count(

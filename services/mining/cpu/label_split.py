@@ -23,10 +23,12 @@ import cv2
 import numpy as np
 
 from p2p.mining.cpu import seam_net
+from p2p.mining.cpu.count_guided import SPLIT_CONFIDENCE
 from p2p.mining.cpu.labels import read_glyphs
 from p2p.mining.cpu.seams import IntBox, cut_parts
 from p2p.mining.cpu.segment import CornerGlyph, ink_mask, recall_analysis
 from p2p.mining.types import LabelDetection, PanelCandidate
+from p2p.shared.geometry import union_box
 
 # A label's corner: its offset from its panel's top-left corner at most this many label heights.
 MAX_OFFSET = 3.0
@@ -47,7 +49,6 @@ MIN_STRENGTH = 0.3
 # boundary (touching panels of one tone).
 MIN_READING = 0.5
 SURE_READING = 0.8
-SPLIT_CONFIDENCE = 0.6
 TOUCH = 3  # px: panels this close share a side
 
 
@@ -125,8 +126,8 @@ def split_at_labels(
             )
             if after is not None:
                 # the label's panel reaches into this one: their shared side moves back to it
-                joint = _joint(parts[1], _int_box(panels[after].box, rgb.shape[1], rgb.shape[0]))
-                panels[after] = PanelCandidate(box=_float_box(joint), confidence=SPLIT_CONFIDENCE)
+                joint = union_box(_float_box(parts[1]), panels[after].box)
+                panels[after] = PanelCandidate(box=joint, confidence=SPLIT_CONFIDENCE)
                 corners[after] = corner
                 break
             name = missing.pop(text)
@@ -314,10 +315,6 @@ def _cut(
     if second[axis] > glyph[axis]:
         return None  # the label would lie outside its own part
     return first, second
-
-
-def _joint(a: IntBox, b: IntBox) -> IntBox:
-    return (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
 
 
 def _int_box(box: tuple[float, float, float, float], width: int, height: int) -> IntBox:

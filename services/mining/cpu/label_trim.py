@@ -56,9 +56,9 @@ def trim_labels(
             continue
         # OCR may read a "vii" as "VII", and the same text twice: the panel's own is the one on it
         own = [g for text, g in read if label and text == label.lower()]
-        glyphs = sorted(own, key=lambda g: -intersection(g, box))[:1]
-        glyphs += [g for _, g in read if g not in glyphs and _at_edge(g, box)]
-        if label and size and not any(intersection(g, box) for g in glyphs[:1] if g in own):
+        mine = sorted(own, key=lambda g: -intersection(g, box))[:1]
+        glyphs = mine + [g for _, g in read if g not in mine and _at_edge(g, box)]
+        if label and size and not any(intersection(g, box) for g in mine):
             # the panel's label not read on it (assigned from the caption's sequence, or read as
             # something else, "(viii)" as "vii"): a label-sized group heading the box, blank
             # rows under it, is that label; what was read of it goes with it
