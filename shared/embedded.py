@@ -61,6 +61,23 @@ class EmbeddedPostgres:
             if not exists:
                 conn.execute(f'CREATE DATABASE "{database}"')
 
+    def is_running(self) -> bool:
+        info = self._server.get_postmaster_info() if self._server is not None else None
+        return bool(info is not None and info.is_running())
+
+    def ensure_running(self) -> bool:
+        """Start the server again when it died (killed, OOM); True when it had to be restarted."""
+        server = self._server
+        if server is None or self.is_running():
+            return False
+        socket_dir = self.socket_dir
+        with server._lock:  # the package's own inter-process lock: one process restarts it
+            server.ensure_postgres_running()
+        if self.socket_dir != socket_dir:
+            log.warning("embedded PostgreSQL came back on another socket: %s", self.socket_dir)
+        log.warning("embedded PostgreSQL was down and has been restarted on %s", self.socket_dir)
+        return True
+
     def stop(self) -> None:
         if self._server is not None:
             self._server.cleanup()

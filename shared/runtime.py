@@ -9,7 +9,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,6 +36,7 @@ class Runtime:
     store: ObjectStore
     dispatcher: TaskDispatcher
     embedded_pg: EmbeddedPostgres | None = None
+    _restart_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -43,8 +44,30 @@ class Runtime:
             yield session
 
     def check_database(self) -> None:
-        with self.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception:
+            self.database_unavailable()
+            raise
+
+    def database_unavailable(self) -> None:
+        """Told when a database call failed for want of a server: the embedded profile restarts its
+        own PostgreSQL (on a thread of its own, one restart at a time); a configured server is the
+        operator's."""
+        if self.embedded_pg is None or not self._restart_lock.acquire(blocking=False):
+            return
+        threading.Thread(target=self._restart_embedded, name="p2p-pg-restart", daemon=True).start()
+
+    def _restart_embedded(self) -> None:
+        try:
+            assert self.embedded_pg is not None
+            if self.embedded_pg.ensure_running():
+                self.engine.dispose()  # its pooled connections point at the dead server
+        except Exception:
+            log.exception("could not restart the embedded PostgreSQL")
+        finally:
+            self._restart_lock.release()
 
     def close(self) -> None:
         self.dispatcher.close()

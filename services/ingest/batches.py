@@ -58,7 +58,13 @@ def _source_files(
         key = source[len(UPLOAD_SCHEME) :]
         prefix, _, name = key.rpartition("/")
         return _StoreFiles(runtime_store, prefix), name
-    path = Path(source).expanduser().resolve()
+    if not trusted and source.startswith("~"):
+        # A home folder is the server user's business, not a client's ("~user" may not even exist).
+        raise InvalidInput(f"{source}: give server paths in full, without ~", error_type="invalid_source")
+    try:
+        path = Path(source).expanduser().resolve()
+    except RuntimeError as exc:  # "~nosuchuser"
+        raise InvalidInput(f"{source}: {exc}", error_type="source_not_found") from exc
     roots = [root.expanduser().resolve() for root in settings.ingest.batch_roots]
     if not trusted and not any(path == root or root in path.parents for root in roots):
         raise Forbidden(

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from p2p.shared.schemas import StrictModel
+
 if TYPE_CHECKING:  # pragma: no cover
     from p2p.embedding_api.modeling import ModelSpec
 
@@ -30,7 +32,7 @@ class TrainConfigError(ValueError):
     """A training configuration is invalid (the message names the offending keys)."""
 
 
-class _Strict(BaseModel):
+class _Strict(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
