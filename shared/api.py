@@ -61,6 +61,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(P2PError)
     async def _p2p_error(_: Request, exc: P2PError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if exc.headers:
+            headers = {**(headers or {}), **exc.headers}
         return error_response(
             status_code=exc.status_code, message=exc.message, error_type=exc.error_type, headers=headers
         )

@@ -116,7 +116,7 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
         dispatcher: TaskDispatcher = (
             InProcessDispatcher(app, settings.queue.embedded_workers, settings.queue.embedded_queues)
             if run_locally
-            else CeleryDispatcher(app, settings.redis.url or "memory://")
+            else CeleryDispatcher(app, settings.redis.url or "memory://", settings=settings)
         )
     except BaseException:
         engine.dispose()

@@ -114,3 +114,14 @@ def serve_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
         time.sleep(0.05)
     assert server.started, "uvicorn did not start"
     return server, thread, port
+
+
+def wait_for(check: Any, timeout: float, what: str = "a condition", interval: float = 0.1) -> Any:
+    """Poll ``check`` until it returns something true (returned), or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -66,6 +66,15 @@ def _register_eval_retrieval() -> None:
 
 _register_eval_retrieval()
 
+
+def _register_recover() -> None:
+    from p2p.cli.recover_cmd import recover
+
+    app.command("recover")(recover)
+
+
+_register_recover()
+
 console = Console(stderr=True)
 out = Console()
 

@@ -26,6 +26,7 @@ from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
 from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
+from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import EmbeddingSettings, Settings, get_settings
 from p2p.training import routes as training_routes
@@ -163,12 +164,15 @@ def create_app(
         app.state.runtime = rt
         set_process_runtime(rt)
         refresher: asyncio.Task[None] | None = None
+        sweeper = start_embedded_recovery(rt)
         try:
             app.state.model_state = await asyncio.to_thread(load_state, rt, space)
             app.state.model_state.batcher.start()
             refresher = asyncio.create_task(refresh_forever(app, rt, space, refresh_interval_s))
             yield
         finally:
+            if sweeper is not None:
+                sweeper.stop()
             if refresher is not None:
                 refresher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -89,6 +89,16 @@ class RegionKind(enum.StrEnum):
     INFERRED = "inferred"
 
 
+class LeaseMixin:
+    """The durable-job lease (``p2p.shared.jobs``): who runs the job and until when that claim
+    holds without a heartbeat. A running job whose lease ran out has no live owner."""
+
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # last sent to a queue
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class Article(TimestampMixin, Base):
     __tablename__ = "article"
 
@@ -143,12 +153,13 @@ class Figure(TimestampMixin, Base):
     jobs: Mapped[list[MiningJob]] = relationship(back_populates="figure", cascade="all, delete-orphan")
 
 
-class MiningJob(TimestampMixin, Base):
+class MiningJob(LeaseMixin, TimestampMixin, Base):
     __tablename__ = "mining_job"
     __table_args__ = (
         # One job per figure and backend version: a re-run replaces, never duplicates.
         UniqueConstraint("figure_id", "backend", "backend_version", name="uq_mining_job_figure_backend"),
         CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+        Index("ix_mining_job_status_lease", "status", "lease_expires_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -166,7 +177,6 @@ class MiningJob(TimestampMixin, Base):
     error: Mapped[str | None] = mapped_column(Text)
     # What the miner could not do for this figure, in words ("no labels read: reading order used").
     notes: Mapped[list[str]] = mapped_column(JSONB, nullable=False, default=list, server_default="[]")
-    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -226,8 +236,9 @@ class Region(TimestampMixin, Base):
     panel: Mapped[Panel] = relationship(back_populates="regions")
 
 
-class Batch(TimestampMixin, Base):
+class Batch(LeaseMixin, TimestampMixin, Base):
     __tablename__ = "batch"
+    __table_args__ = (Index("ix_batch_status", "status"),)
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     kind: Mapped[BatchKind] = mapped_column(_enum(BatchKind, "batch_kind"), nullable=False)
@@ -240,6 +251,7 @@ class Batch(TimestampMixin, Base):
     duplicates: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     failed: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -286,7 +298,7 @@ class ModelStatus(enum.StrEnum):
     FAILED = "failed"  # loading or indexing failed; ``error`` says why
 
 
-class ModelVersion(TimestampMixin, Base):
+class ModelVersion(LeaseMixin, TimestampMixin, Base):
     """An embedding model: open_clip architecture (by name or config) plus its weights."""
 
     __tablename__ = "model_version"
@@ -312,6 +324,7 @@ class ModelVersion(TimestampMixin, Base):
     progress: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)  # evaluation
     training_run_id: Mapped[uuid.UUID | None] = mapped_column()
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
 
 class EmbeddingSpace(TimestampMixin, Base):
@@ -343,7 +356,7 @@ class TrainingRunStatus(enum.StrEnum):
         return self in (TrainingRunStatus.COMPLETED, TrainingRunStatus.FAILED, TrainingRunStatus.CANCELLED)
 
 
-class TrainingRun(TimestampMixin, Base):
+class TrainingRun(LeaseMixin, TimestampMixin, Base):
     """One hierarchical CLIP training run: its config, data snapshot, progress, checkpoints and result."""
 
     __tablename__ = "training_run"
@@ -375,4 +388,3 @@ class TrainingRun(TimestampMixin, Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
