@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,6 +38,8 @@ class Runtime:
     dispatcher: TaskDispatcher
     embedded_pg: EmbeddedPostgres | None = None
     _restart_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Told of every durable-job event (p2p.shared.jobs.JobObserver): metrics plug in here.
+    job_observers: list[Any] = field(default_factory=list)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
