@@ -397,3 +397,76 @@ def install_openapi(app: FastAPI, *, skip: frozenset[str] = frozenset({"/healthz
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+class SecurityHeaders:
+    """Standard headers on every answer, and a content security policy on the viewer's pages
+    (``csp_paths`` prefixes; the API docs load Swagger UI from a CDN and keep FastAPI's page)."""
+
+    def __init__(self, app: ASGIApp, *, csp: str, csp_paths: tuple[str, ...]) -> None:
+        self.app, self.csp, self.csp_paths = app, csp.encode(), csp_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        viewer = path == "/" or path.startswith(self.csp_paths)
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                for name, value in (
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"x-frame-options", b"DENY"),
+                    (b"referrer-policy", b"no-referrer"),
+                    *([(b"content-security-policy", self.csp)] if viewer else []),
+                ):
+                    if name not in present:
+                        headers.append((name, value))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+# "testclient" is the peer Starlette's in-process test client reports; no socket peer can be named so.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
+VIEWER_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:{extra}; connect-src 'self'; frame-ancestors 'none'; "
+    "base-uri 'self'; form-action 'self'; object-src 'none'"
+)
+
+
+def install_guards(
+    app: FastAPI, *, auth_required: bool, csp_paths: tuple[str, ...] = (), img_hosts: str = ""
+) -> None:
+    """Loopback-only without keys, and the security headers (a CSP on ``csp_paths``)."""
+    app.add_middleware(LoopbackOnlyWithoutKeys, enforce=not auth_required)
+    extra = f" {img_hosts}" if img_hosts else ""
+    app.add_middleware(SecurityHeaders, csp=VIEWER_CSP.format(extra=extra), csp_paths=csp_paths)
+
+
+class LoopbackOnlyWithoutKeys:
+    """Without API keys the APIs answer loopback clients only, however they were started (the
+    ``p2p serve`` command also refuses such a bind; ``uvicorn`` run by hand does not check)."""
+
+    def __init__(self, app: ASGIApp, *, enforce: bool) -> None:
+        self.app, self.enforce = app, enforce
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.enforce and scope["type"] == "http":
+            client = scope.get("client")
+            host = client[0] if client else ""
+            if host not in LOOPBACK_HOSTS and not host.startswith("127."):
+                response = error_response(
+                    status_code=403,
+                    message="this server runs without API keys and answers loopback clients only; "
+                    "set P2P_AUTH__REQUIRED=true to serve other hosts",
+                    error_type="keys_required_off_loopback",
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -19,6 +19,7 @@ from p2p.shared.db import migrate
 from p2p.shared.db.engine import make_engine, make_session_factory
 from p2p.shared.embedded import EmbeddedPostgres
 from p2p.shared.queue import CeleryDispatcher, InProcessDispatcher, TaskDispatcher, configure_celery
+from p2p.shared.ratelimit import MemoryWindow, RateLimiter, RedisWindow
 from p2p.shared.settings import Settings, get_settings
 from p2p.shared.storage import LocalObjectStore, ObjectStore, S3ObjectStore
 
@@ -38,6 +39,7 @@ class Runtime:
     dispatcher: TaskDispatcher
     embedded_pg: EmbeddedPostgres | None = None
     _restart_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    rate_limiter: RateLimiter | None = None
     # Told of every durable-job event (p2p.shared.jobs.JobObserver): metrics plug in here.
     job_observers: list[Any] = field(default_factory=list)
 
@@ -133,6 +135,7 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
             embedded_pg.stop()
         raise
     return Runtime(
+        rate_limiter=build_rate_limiter(settings),
         settings=settings,
         engine=engine,
         session_factory=make_session_factory(engine),
@@ -140,6 +143,15 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
         dispatcher=dispatcher,
         embedded_pg=embedded_pg,
     )
+
+
+def build_rate_limiter(settings: Settings) -> RateLimiter | None:
+    limits = settings.rate_limit
+    if limits.writes_per_window == 0:
+        return None
+    if settings.redis.url:
+        return RedisWindow(settings.redis.url, limits.writes_per_window, limits.window_s)
+    return MemoryWindow(limits.writes_per_window, limits.window_s)
 
 
 def _check_schema(engine: Engine) -> None:

@@ -96,6 +96,13 @@ class AuthSettings(BaseModel):
     )
 
 
+class RateLimitSettings(BaseModel):
+    writes_per_window: int = Field(
+        default=1200, ge=0, description="Write requests per key (or client address) per window; 0: no limit."
+    )
+    window_s: int = Field(default=60, ge=1, le=3600)
+
+
 class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -204,6 +211,7 @@ class Settings(BaseSettings):
     queue: QueueSettings = QueueSettings()
     ingest: IngestSettings = IngestSettings()
     auth: AuthSettings = AuthSettings()
+    rate_limit: RateLimitSettings = RateLimitSettings()
     server: ServerSettings = ServerSettings()
     mining: MiningSettings = MiningSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()

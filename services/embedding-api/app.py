@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from p2p.embedding_api.batching import MicroBatcher
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
-from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers
+from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers, install_guards
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
@@ -193,6 +193,12 @@ def create_app(
     )
     install_error_handlers(app)
     install_batcher_handler(app)
+    # Crops may redirect to presigned URLs of the object store: the viewer's images come from there.
+    store = settings.s3.endpoint
+    img_hosts = f"{'https' if settings.s3.secure else 'http'}://{store}" if store else ""
+    install_guards(
+        app, auth_required=settings.auth_required, csp_paths=("/static/", "/figures/"), img_hosts=img_hosts
+    )
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
     for module in (health, embed, search, items, classify, models):
         app.include_router(module.router)

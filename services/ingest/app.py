@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from p2p.ingest.routes import batches, figures, health, jobs
-from p2p.shared.api import BodySizeLimit, install_error_handlers
+from p2p.shared.api import BodySizeLimit, install_error_handlers, install_guards
 from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings, get_settings
@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_guards(app, auth_required=settings.auth_required)
     body_cap = settings.ingest.max_upload_bytes + settings.ingest.max_metadata_bytes + MULTIPART_OVERHEAD
     app.add_middleware(
         BodySizeLimit,

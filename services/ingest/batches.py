@@ -24,7 +24,7 @@ from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
 from p2p.ingest.sources.files import FileTooLarge, LocalFiles, S3Files, SourceFiles
 from p2p.ingest.sources.manifest import iter_manifest
 from p2p.ingest.sources.pmc import iter_pmc_package
-from p2p.ingest.sources.webdataset import iter_webdataset
+from p2p.ingest.sources.webdataset import ShardLimits, check_shard, iter_webdataset
 from p2p.shared import jobs as durable
 from p2p.shared.db.models import Batch, BatchItem, BatchItemStatus, BatchKind, BatchStatus
 from p2p.shared.errors import Forbidden, InvalidInput, NotFound, P2PError, broker_unavailable
@@ -133,7 +133,7 @@ def open_items(
             shard_names = [name] if name else files.list((".tar",))
             if not shard_names:
                 raise SourceError("no_shards", f"no .tar shards in {source}")
-            yield _iter_shards(files, shard_names, stack, cap)
+            yield _iter_shards(files, shard_names, stack, settings)
         else:
             if not name.endswith(PMC_SUFFIXES):
                 raise InvalidInput(
@@ -155,15 +155,23 @@ def pmc_items(stream: BinaryIO, name: str, settings: Settings) -> Iterator[Sourc
     )
 
 
+def shard_limits(settings: Settings) -> ShardLimits:
+    return ShardLimits(
+        max_members=settings.ingest.max_package_members, max_total_bytes=settings.ingest.max_package_bytes
+    )
+
+
 def _iter_shards(
-    files: SourceFiles, names: list[str], stack: ExitStack, cap: int
+    files: SourceFiles, names: list[str], stack: ExitStack, settings: Settings
 ) -> Iterator[SourceItem | ItemError]:
+    cap = settings.ingest.max_upload_bytes
+
     def shards() -> Iterator[tuple[str, BinaryIO]]:
         for shard in names:
             handle = stack.enter_context(files.open(shard))
             yield shard, handle
 
-    yield from iter_webdataset(shards(), max_image_bytes=cap)
+    yield from iter_webdataset(shards(), max_image_bytes=cap, limits=shard_limits(settings))
 
 
 def check_source(
@@ -180,13 +188,20 @@ def check_source(
 
 
 def check_upload(kind: BatchKind, stream: BinaryIO, name: str, *, settings: Settings) -> None:
-    """Refuse an uploaded package or shard before it is stored (first item parsed)."""
+    """Refuse an uploaded package or shard before it is stored (first item parsed; a shard's
+    headers all walked within its limits)."""
     stream.seek(0)
     try:
         if kind is BatchKind.PMC:
             items = pmc_items(stream, name, settings)
         else:
-            items = iter_webdataset([(name, stream)], max_image_bytes=settings.ingest.max_upload_bytes)
+            check_shard(name, stream, shard_limits(settings))
+            stream.seek(0)
+            items = iter_webdataset(
+                [(name, stream)],
+                max_image_bytes=settings.ingest.max_upload_bytes,
+                limits=shard_limits(settings),
+            )
         next(items, None)
     except SourceError as exc:
         raise InvalidInput(exc.message, error_type=exc.error_type) from exc
