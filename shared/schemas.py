@@ -149,6 +149,7 @@ class FigurePublic(BaseModel):
 
     id: uuid.UUID
     status: FigureStatus
+    mining_error: str | None = Field(default=None, description="Why mining failed, when it did.")
     image_sha256: str
     object_key: str
     byte_size: int

@@ -9,6 +9,7 @@ import json
 import socket
 import struct
 import time
+import uuid
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -253,3 +254,22 @@ def test_the_embedded_postgres_is_restarted_when_it_dies(make_settings: Any, tmp
             assert codes[-1] == 200 and 503 in codes, codes
     finally:
         runtime.close()
+
+
+def test_a_figure_that_does_not_decode_ends_failed_with_its_reason_on_the_figure(
+    runtime: Runtime, ingest: TestClient
+) -> None:
+    """Ingest checks structure, not every pixel (a full decode would add ~7 ms CPU per 1 MB
+    figure, bench/decode_check_bench.py); the miner's decode fails it with the reason shown."""
+    from p2p.mining.jobs import mine_job
+    from p2p.mining.tasks import get_miner
+
+    accepted = upload(ingest, corrupt_png())
+    assert accepted.status_code == 202, accepted.text
+    outcome = mine_job(runtime, uuid.UUID(accepted.json()["job_id"]), get_miner())
+    assert outcome.status.value == "failed"
+    figure = ingest.get(f"/v1/figures/{accepted.json()['figure_id']}").json()
+    assert figure["status"] == "failed"
+    assert "cannot be decoded" in figure["mining_error"]
+    listed = ingest.get("/v1/figures").json()
+    assert [f["mining_error"] for f in listed] == [figure["mining_error"]]

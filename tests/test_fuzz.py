@@ -51,7 +51,13 @@ def fuzz_runtime(engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathF
         conn.execute(text(f"TRUNCATE {tables} CASCADE"))
     data_dir: Path = tmp_path_factory.mktemp("fuzz")
     runtime = build_runtime(
-        Settings(profile="embedded", data_dir=data_dir, db={"url": pg_url}, queue={"embedded_queues": []})
+        Settings(
+            profile="embedded",
+            data_dir=data_dir,
+            db={"url": pg_url},
+            queue={"embedded_queues": []},
+            rate_limit={"writes_per_window": 0},  # the fuzzer writes faster than any client may
+        )
     )
     set_process_runtime(runtime)
     mine_corpus(runtime, seeds=(4,))

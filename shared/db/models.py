@@ -146,6 +146,14 @@ class Figure(TimestampMixin, Base):
         _enum(FigureStatus, "figure_status"), default=FigureStatus.QUEUED, nullable=False, index=True
     )
 
+    @property
+    def mining_error(self) -> str | None:
+        """Why the figure failed (an image that does not decode...), from its failed mining job."""
+        if self.status is not FigureStatus.FAILED:
+            return None  # no job is loaded for the figures that did not fail
+        reasons = [job.error for job in self.jobs if job.status is JobStatus.FAILED and job.error]
+        return reasons[-1] if reasons else None
+
     article: Mapped[Article | None] = relationship(back_populates="figures")
     panels: Mapped[list[Panel]] = relationship(
         back_populates="figure", cascade="all, delete-orphan", order_by="Panel.ordinal"
