@@ -46,14 +46,15 @@ class QueueSettings(BaseModel):
     # Redis re-delivers an unacknowledged message after this many seconds. Empty: the longest hard
     # time limit plus a margin. Dead workers' jobs do not wait for it: their leases run out first.
     visibility_timeout_s: int | None = Field(default=None, ge=60)
-    # Soft then hard time limit per task, by queue (soft: the task stops cleanly and is retried).
+    # Soft then hard time limit per task, by queue: over the soft one the job fails with the reason.
+    # Training runs have none by default: they take hours, heartbeat, and resume from checkpoints;
+    # a re-delivery while one runs finds its lock held and leaves.
     time_limits_s: dict[str, tuple[int, int]] = Field(
         default_factory=lambda: {
             "ingest": (3300, 3600),
             "mining": (540, 600),
             "mining-lvlm": (1740, 1800),
             "embedding": (3300, 3600),
-            "training": (6 * 3600 - 600, 6 * 3600),
         }
     )
     worker_max_memory_mb: int = Field(

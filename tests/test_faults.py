@@ -148,7 +148,9 @@ class Stack:
 def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Stack]]:
     built: list[Stack] = []
 
-    def factory(*, db_url: str, redis_url: str) -> Stack:
+    def factory(
+        *, db_url: str, redis_url: str, time_limits: dict[str, tuple[int, int]] | None = None
+    ) -> Stack:
         env = {
             **os.environ,
             "P2P_PROFILE": "embedded",
@@ -158,6 +160,7 @@ def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Calla
             "P2P_INGEST__BATCH_ROOTS": json.dumps([str(tmp_path / "sources")]),
             "P2P_MINING__TORCH_THREADS": "1",
             **FAST_RECOVERY,
+            **({"P2P_QUEUE__TIME_LIMITS_S": json.dumps(time_limits)} if time_limits else {}),
         }
         env.pop("P2P_S3__ENDPOINT", None)
         settings = Settings(
@@ -166,7 +169,13 @@ def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Calla
             db={"url": db_url},
             redis={"url": redis_url},
             ingest={"batch_roots": [tmp_path / "sources"]},
-            queue={"lease_s": 3, "sweep_interval_s": 1, "requeue_after_s": 8, "visibility_timeout_s": 3600},
+            queue={
+                "lease_s": 3,
+                "sweep_interval_s": 1,
+                "requeue_after_s": 8,
+                "visibility_timeout_s": 3600,
+                **({"time_limits_s": time_limits} if time_limits else {}),
+            },
         )
         runtime = build_runtime(settings)
         set_process_runtime(runtime)
@@ -397,3 +406,28 @@ def test_postgres_killed_and_restarted_mid_batch_loses_no_job(
         redis.stop()
         engine.dispose()
         pg.stop()
+
+
+def test_a_task_over_its_soft_time_limit_fails_with_the_reason(
+    db: Engine, pg_url: str, make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    redis = OwnRedis(tmp_path / "redis", persistent=False).start()
+    try:
+        stack = make_stack(db_url=pg_url, redis_url=redis.url, time_limits={"mining": (1, 30)})
+        stack.worker("mining")
+        big = make_figure(3, panel_size=(1400, 1100))  # seconds of mining, over the 1 s soft limit
+        with stack.client() as client:
+            job_id = upload(client, big.image, caption=big.caption, filename=big.name).json()["job_id"]
+
+            def failed() -> MiningJob | None:
+                with stack.runtime.session() as session:
+                    job = session.get(MiningJob, uuid.UUID(job_id))
+                    return job if job is not None and job.status is JobStatus.FAILED else None
+
+            job = wait_for(failed, RECOVERY_TIMEOUT_S, "the job to fail")
+            figure = client.get(f"/v1/figures/{job.figure_id}").json()
+        assert "TimeLimitExceeded" in (job.error or ""), job.error
+        assert figure["status"] == "failed" and "TimeLimitExceeded" in figure["mining_error"]
+        assert job.lease_owner is None
+    finally:
+        redis.stop()
