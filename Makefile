@@ -67,7 +67,7 @@ bench: install
 # count is printed at the end.
 FUZZ_EXAMPLES ?= 500
 fuzz: install
-	P2P_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) P2P_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/test_fuzz.py -s -q -p no:cacheprovider
+	P2P_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) P2P_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/test_fuzz.py -s -q -p no:cacheprovider --timeout=0
 
 clean:
 	rm -rf .p2p-data .pytest_cache .mypy_cache .ruff_cache

@@ -321,7 +321,7 @@ ERROR_SCHEMA: dict[str, Any] = {
 _ERROR_DESCRIPTIONS = {
     400: "Malformed request body.",
     401: "Missing or unknown API key.",
-    403: "The key lacks the scope, or the source is not allowed.",
+    403: "The key lacks the scope, the source is not allowed, or a client off loopback without keys.",
     404: "The resource (or one the request names) does not exist.",
     409: "The request conflicts with the resource's state.",
     413: "The body or a part of it is over its limit.",
@@ -385,7 +385,8 @@ def install_openapi(app: FastAPI, *, skip: frozenset[str] = frozenset({"/healthz
         for path, operations in spec["paths"].items():
             for method, operation in operations.items():
                 responses = operation.setdefault("responses", {})
-                statuses = set() if path in skip else _error_statuses(method, operation)
+                # Off loopback without keys every route answers 403 (LoopbackOnlyWithoutKeys).
+                statuses = {403} if path in skip else _error_statuses(method, operation) | {403}
                 statuses |= {int(code) for code in responses if code.isdigit() and int(code) >= 400}
                 for status in sorted(statuses):
                     description = responses.get(str(status), {}).get("description")

@@ -105,21 +105,34 @@ class EmbeddedPostgres:
                 conn.execute(f'CREATE DATABASE "{database}"')
 
     def is_running(self) -> bool:
-        info = self._server.get_postmaster_info() if self._server is not None else None
+        info = _postmaster(self.data_dir) if self._server is not None else None
         return bool(info is not None and info.is_running())
 
     def ensure_running(self) -> bool:
-        """Start the server again when it died (killed, OOM); True when it had to be restarted."""
-        server = self._server
-        if server is None or self.is_running():
-            return False
-        socket_dir = self.socket_dir
-        with server._lock:  # the package's own inter-process lock: one process restarts it
-            server.ensure_postgres_running()
-        if self.socket_dir != socket_dir:
-            log.warning("embedded PostgreSQL came back on another socket: %s", self.socket_dir)
-        log.warning("embedded PostgreSQL was down and has been restarted on %s", self.socket_dir)
-        return True
+        """Start the server again when it died (killed, OOM); True when this call restarted it.
+
+        A server that another process restarted, or that is still in crash recovery, is waited
+        for rather than started twice."""
+        with _lock:
+            server = self._server
+            if server is None:
+                return False
+            info = _postmaster(self.data_dir)
+            restarted = not (info is not None and info.is_running())
+            if restarted:
+                log.warning("embedded PostgreSQL in %s is down: restarting it", self.data_dir)
+                try:
+                    with PostgresServer._lock:  # pgserver's inter-process lock: one process starts it
+                        server.ensure_postgres_running()
+                except subprocess.SubprocessError:
+                    pass  # pg_ctl's own 10 s ran out (crash recovery); the postmaster goes on starting
+            if not _wait_ready(self.data_dir, READY_WAIT_S):
+                raise EmbeddedPostgresError(
+                    f"embedded PostgreSQL in {self.data_dir} did not come back; "
+                    f"its log is {self.data_dir / 'log'}"
+                )
+            server._postmaster_info = _postmaster(self.data_dir)
+        return restarted
 
     def stop(self) -> None:
         """Leave the server; the last user of the folder in this process stops it (unless another

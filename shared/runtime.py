@@ -67,10 +67,10 @@ class Runtime:
     def _restart_embedded(self) -> None:
         try:
             assert self.embedded_pg is not None
-            if self.embedded_pg.ensure_running():
-                self.engine.dispose()  # its pooled connections point at the dead server
-        except Exception:
-            log.exception("could not restart the embedded PostgreSQL")
+            self.embedded_pg.ensure_running()
+            self.engine.dispose()  # its pooled connections point at the dead server
+        except Exception as exc:  # the next failing request tries again
+            log.warning("could not restart the embedded PostgreSQL: %s", exc)
         finally:
             self._restart_lock.release()
 

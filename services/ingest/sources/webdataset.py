@@ -139,11 +139,11 @@ def _iter_shard(
             for member in tar:
                 members, total = members + 1, total + max(member.size, 0)
                 _check_budget(shard_name, members, total, limits)
+                if not member.isfile():
+                    continue  # links, folders and devices are never read
                 problem = member_problem(member)
                 if problem is not None:
                     yield ItemError(f"{shard_name}/{member.name}", "unsafe_member", problem)
-                    continue
-                if not member.isfile():
                     continue
                 split = split_member_name(member.name)
                 if split is None:
