@@ -225,3 +225,32 @@ def test_every_kind_maps_its_statuses_onto_one_vocabulary() -> None:
     assert jobs.REINDEX.phase(ModelVersion(status=ModelStatus.READY)) is phase.SUCCEEDED
     keys = {kind.lock_key(uuid.UUID(int=7)) for kind in jobs.KINDS.values()}
     assert len(keys) == 4  # one id under two kinds never shares a lock
+
+
+def test_an_upload_the_broker_refused_is_completed_by_sending_it_again(make_runtime: RuntimeFactory) -> None:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in (
+            ("0001.png", make_figure(7, panel_size=(80, 64)).image),
+            ("0001.txt", b"Figure 1."),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    shard = buffer.getvalue()
+    files = {"file": ("s.tar", shard)}
+    down = make_runtime(redis={"url": "redis://127.0.0.1:1/0"})  # a broker that is not there
+    with TestClient(create_app(runtime=down)) as client:
+        refused = client.post("/v1/batches/upload", data={"kind": "webdataset"}, files=files)
+    assert refused.status_code == 503 and refused.json()["error"]["type"] == "broker_unavailable"
+    location = refused.headers["location"]
+    assert location.split("/")[-1] in refused.json()["error"]["message"]
+    up = make_runtime()
+    with TestClient(create_app(runtime=up)) as client:
+        again = client.post("/v1/batches/upload", data={"kind": "webdataset"}, files=files)
+        assert again.status_code == 202 and again.headers["location"] == location
+        wait_for(lambda: client.get(location).json()["status"] == "succeeded", 60, "the batch to end")
+        assert client.get(location).json()["ingested"] == 1
