@@ -28,11 +28,12 @@ import torch
 from torch import nn
 from torchvision.ops import roi_align
 
-from p2p.embedding_api.modeling import ModelSpec, load_model, masked_pad_id, trim_padding
+from p2p.models.modeling import ModelSpec, load_model, masked_pad_id, trim_padding
 from p2p.shared.storage import ObjectStore
 from p2p.training import losses as L
 from p2p.training.batch import HierBatch
 from p2p.training.config import TrainConfig
+from p2p.training.optim import apply_freezing
 
 StepLevel = Literal["figure", "panel", "region", "mixed", "flat"]
 STEP_LEVELS: tuple[str, ...] = ("figure", "panel", "region", "mixed", "flat")
@@ -343,7 +344,6 @@ def build_model(
 ) -> HierarchicalCLIP:
     """Load the open_clip model of ``spec`` (default: the config's; ``s3:`` weights from ``store``),
     wrap it and apply the freezing."""
-    from p2p.training.optim import apply_freezing
 
     torch.manual_seed(cfg.seed)
     embedding = load_model(spec or cfg.model.to_spec(), store=store)
