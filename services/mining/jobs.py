@@ -137,15 +137,7 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any)
     result.stage_seconds["crops"] = time.perf_counter() - with_crops
     total = time.perf_counter() - started
     params = miner.params.as_dict()
-    provenance: dict[str, Any] = {
-        "backend": miner.backend,
-        "miner_version": miner.version,
-        "params": params,
-        "job_id": str(job_id),
-        **{k: v for k, v in result.provenance.items() if k not in ("backend", "prompts")},
-    }
-    if miner.prompt_version:
-        provenance["prompt_version"] = miner.prompt_version
+    provenance = _provenance(miner, params, job_id, result)
 
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
@@ -218,6 +210,22 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any)
         regions=len(result.regions),
         figure_id=figure_id,
     )
+
+
+def _provenance(
+    miner: Any, params: dict[str, Any], job_id: uuid.UUID, result: MiningResult
+) -> dict[str, Any]:
+    """What every panel and region of the job records about the miner that made it."""
+    provenance: dict[str, Any] = {
+        "backend": miner.backend,
+        "miner_version": miner.version,
+        "params": params,
+        "job_id": str(job_id),
+        **{k: v for k, v in result.provenance.items() if k not in ("backend", "prompts")},
+    }
+    if miner.prompt_version:
+        provenance["prompt_version"] = miner.prompt_version
+    return provenance
 
 
 def _wrong_version(wanted: str, running: str) -> str:

@@ -26,7 +26,7 @@ from p2p.shared.runtime import Runtime
 CHUNK = 200
 
 
-def _standing() -> Select[tuple[MiningJob]]:
+def _standing() -> Select[MiningJob]:
     return select(MiningJob).where(
         MiningJob.status == JobStatus.SUCCEEDED, MiningJob.superseded_by_id.is_(None)
     )
@@ -43,7 +43,7 @@ def figures_per_version(session: Session) -> list[tuple[str, str | None, int]]:
     return [(backend, version, int(count)) for backend, version, count in rows]
 
 
-def _stale(backend: str, version: str) -> Select[tuple[MiningJob]]:
+def _stale(backend: str, version: str) -> Select[MiningJob]:
     return (
         _standing()
         .where(MiningJob.backend == backend, MiningJob.miner_version.is_distinct_from(version))
