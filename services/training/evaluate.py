@@ -103,7 +103,7 @@ def collect(records: Iterable[FigureRecord], *, max_items: int | None = None) ->
 def _normalised(vectors: np.ndarray) -> np.ndarray:
     array = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(array, axis=1, keepdims=True)
-    return array / np.maximum(norms, 1e-12)
+    return np.asarray(array / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
 def image_to_text_ranks(images: np.ndarray, texts: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -72,7 +72,7 @@ def roi_pool_tokens(
     pooled = roi_align(
         token_map.float(), rois, output_size=output_size, spatial_scale=1.0, sampling_ratio=2, aligned=True
     )
-    return pooled.mean(dim=(2, 3))
+    return cast(torch.Tensor, pooled.mean(dim=(2, 3)))  # roi_align is untyped
 
 
 class RoiHead(nn.Module):
@@ -193,7 +193,7 @@ class HierarchicalCLIP(nn.Module):
                 pad_id = masked_pad_id(clip)
                 lengths = (tokens != pad_id).sum(dim=-1) if pad_id is not None else torch.zeros(len(new))
                 order = torch.argsort(lengths, stable=True)
-                for chunk in order.split(TEXT_ENCODE_CHUNK):
+                for chunk in torch.split(order, TEXT_ENCODE_CHUNK):
                     vectors = clip.encode_text(trim_padding(clip, tokens[chunk]))
                     for index, vector in zip(chunk.tolist(), vectors, strict=True):
                         self._text_cache[new[index]] = vector.clone()
