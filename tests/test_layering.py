@@ -126,3 +126,17 @@ def test_services_may_use_the_model_library_and_shared(tmp_path: Path) -> None:
         "import p2p.training.config\n"
     )
     assert violations({"training": folder}, root=tmp_path) == []
+
+
+def test_the_composition_registers_every_services_tasks() -> None:
+    """shared names the tasks, p2p.apps the modules that hold them: together a worker finds them all."""
+    from p2p.apps.tasks import TASK_MODULES, register_tasks
+    from p2p.shared import queue
+
+    register_tasks()
+    queue.import_task_modules()
+    names = {
+        value for name, value in vars(queue).items() if name.endswith("_TASK") and isinstance(value, str)
+    }
+    assert names and names <= set(queue.celery_app.tasks)
+    assert set(TASK_MODULES) <= set(queue.celery_app.conf.include)
