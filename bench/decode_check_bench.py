@@ -23,8 +23,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ingest_bench import FigureFactory
 
-from p2p.ingest.images import inspect_image
 from p2p.ingest.samples import make_figure
+from p2p.shared.images import inspect_image
 
 FORMATS = ("JPEG", "PNG", "TIFF", "GIF", "BMP", "WEBP")
 

@@ -144,6 +144,8 @@ def _figure_follows(session: Session, job: MiningJob, phase: Phase) -> None:
     figure = session.get(Figure, job.figure_id)
     if figure is None:
         return
+    if figure.status is FigureStatus.MINED and phase is not Phase.SUCCEEDED:
+        return  # a re-mine by a newer miner: the older results stand until the new ones are in
     figure.status = {
         Phase.QUEUED: FigureStatus.QUEUED,
         Phase.RUNNING: FigureStatus.MINING,

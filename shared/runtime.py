@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -155,8 +156,6 @@ def build_rate_limiter(settings: Settings) -> RateLimiter | None:
 
 
 def _check_schema(engine: Engine) -> None:
-    from alembic.script import ScriptDirectory
-
     head = ScriptDirectory.from_config(migrate.alembic_config(str(engine.url))).get_current_head()
     current = migrate.current_revision(engine)
     if current != head:

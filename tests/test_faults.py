@@ -102,7 +102,7 @@ class Worker:
     def start(self) -> Worker:
         self._out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "p2p.shared.worker:celery_app", "worker",
+            [sys.executable, "-m", "celery", "-A", "p2p.apps.worker:celery_app", "worker",
              "-Q", self.queues, "--concurrency=1", "--loglevel=INFO", "-n", f"w{uuid.uuid4().hex[:6]}@%h",
              "--without-gossip", "--without-mingle", "--without-heartbeat"],
             env=self.env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,

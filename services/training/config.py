@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from p2p.models.modeling import ModelSpec, default_config
 from p2p.shared.schemas import StrictModel
-
-if TYPE_CHECKING:  # pragma: no cover
-    from p2p.embedding_api.modeling import ModelSpec
 
 Level = Literal["figure", "panel", "region"]
 LEVEL_ORDER: tuple[Level, ...] = ("region", "panel", "figure")  # the alternating cycle R -> P -> M
@@ -37,7 +35,7 @@ class _Strict(StrictModel):
 
 
 class ModelSection(_Strict):
-    """The open_clip model to start from (see ``p2p.embedding_api.modeling.ModelSpec``)."""
+    """The open_clip model to start from (see ``p2p.models.modeling.ModelSpec``)."""
 
     name: str = "p2p-minilm-vit"
     architecture: str = "custom"
@@ -45,8 +43,6 @@ class ModelSection(_Strict):
     source: str = "random"
 
     def to_spec(self) -> ModelSpec:
-        from p2p.embedding_api.modeling import ModelSpec, default_config
-
         config = self.config
         if config is None and self.architecture == "custom":
             config = default_config()

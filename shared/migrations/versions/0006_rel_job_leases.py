@@ -2,7 +2,7 @@
 model versions (re-index jobs)
 
 Revision ID: r21_job_leases
-Revises: 0004
+Revises: 0005_miner_version
 Create Date: 2026-11-27
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "r21_job_leases"
-down_revision = "0004"
+down_revision = "0005_miner_version"
 branch_labels = None
 depends_on = None
 
