@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from p2p.embedding_api.batching import MicroBatcher
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
-from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers
+from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers, log_startup
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import EmbeddingSettings, Settings, get_settings
@@ -162,6 +162,7 @@ def create_app(
         rt = runtime or build_runtime(settings)
         app.state.runtime = rt
         set_process_runtime(rt)
+        log_startup(settings, "embedding API")
         refresher: asyncio.Task[None] | None = None
         try:
             app.state.model_state = await asyncio.to_thread(load_state, rt, space)

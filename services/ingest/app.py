@@ -9,25 +9,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from p2p.ingest.routes import batches, figures, health, jobs
-from p2p.shared.api import BodySizeLimit, install_error_handlers
+from p2p.shared.api import BodySizeLimit, install_error_handlers, log_startup
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
 MULTIPART_OVERHEAD = 1024 * 1024
-
-
-def startup_notice(settings: Settings) -> str:
-    parts = [
-        f"profile={settings.profile}",
-        "database=embedded PostgreSQL" if settings.embedded_db else "database=configured server",
-        "objects=local folder" if settings.embedded_store else f"objects=s3 {settings.s3.endpoint}",
-        "queue=in-process" if settings.embedded_queue else "queue=redis",
-    ]
-    if not settings.auth_required:
-        parts.append("AUTH DISABLED: write endpoints are open; bind to 127.0.0.1 only")
-    return "ingest API: " + ", ".join(parts)
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
@@ -38,7 +26,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         owned = runtime is None
         app.state.runtime = runtime or build_runtime(settings)
         set_process_runtime(app.state.runtime)
-        log.log(logging.INFO if settings.auth_required else logging.WARNING, startup_notice(settings))
+        log_startup(settings, "ingest API")
         try:
             yield
         finally:
