@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from p2p.ingest.routes import batches, figures, health, jobs
+from p2p.ingest.routes import batches, crops, figures, health, jobs
 from p2p.shared.api import BodySizeLimit, install_error_handlers, log_startup
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings, get_settings
@@ -47,6 +47,6 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         max_body_bytes=body_cap,
         per_path={"/v1/batches/upload": settings.ingest.max_package_upload_bytes + MULTIPART_OVERHEAD},
     )
-    for module in (health, figures, jobs, batches):
+    for module in (health, figures, crops, jobs, batches):
         app.include_router(module.router)
     return app
