@@ -123,7 +123,8 @@ def test_demo_runs_on_the_embedded_profile(monkeypatch: pytest.MonkeyPatch) -> N
         assert "training the small hierarchical CLIP model for 3 steps" in said(result)
         assert "completed" in said(result) and "trained beats untrained on" in said(result)
         assert "trained by the demo run" in said(result)
-        assert "search 'fluorescence micrograph of cells' (panels):" in said(result)
+        assert "search 'fluorescence micrograph of cells' (panels), best 3:" in said(result)
+        assert "demo phases: ingest and mining" in said(result)
         objects = list((data_dir / "objects" / "figures").rglob("*.*"))
         assert len(objects) == 26
         rerun = runner.invoke(app, ["demo", "--no-serve", *small])

@@ -2,17 +2,17 @@ from __future__ import annotations
 
 import logging
 import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, TaskID
 from rich.table import Table
 from sqlalchemy import func, select
 
+from p2p.cli.progress import LineProgress, progress
 from p2p.shared.db.models import BatchKind
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings, get_settings
@@ -58,6 +58,15 @@ def _register_train() -> None:
 _register_train()
 
 
+def _register_demo() -> None:
+    from p2p.cli.demo_cmd import demo
+
+    app.command("demo")(demo)
+
+
+_register_demo()
+
+
 def _register_eval_retrieval() -> None:
     from p2p.cli.eval_retrieval_cmd import eval_retrieval
 
@@ -68,10 +77,6 @@ _register_eval_retrieval()
 
 console = Console(stderr=True)
 out = Console()
-
-DEMO_SYNTHETIC_FIGURES = 300
-DEMO_TRAIN_STEPS = 240
-DEMO_RUN_NAME = "demo"
 
 
 def _settings() -> Settings:
@@ -116,15 +121,22 @@ def ingest(
     runtime = _runtime(settings)
     totals = {"ingested": 0, "duplicate": 0, "failed": 0}
     try:
-        with _progress() as progress:
+        # One bar for the whole call: loose images count up to a known total; a batch source's size
+        # is known only once it has been read.
+        loose = sum(not isinstance(entry, BatchSource) for entry in planned)
+        with progress(console) as bar:
+            task = bar.add_task("ingest", total=loose if loose == len(planned) else None)
             for entry in planned:
                 if isinstance(entry, BatchSource):
-                    counts = _ingest_batch(runtime, entry.kind, entry.path, progress)
+                    bar.update(task, description=f"ingest {entry.kind.value} {entry.path.name}")
+                    counts = _ingest_batch(runtime, entry.kind, entry.path, bar, task)
                 else:
-                    counts = _ingest_loose(runtime, entry.path, entry.caption or caption or "", progress)
+                    bar.update(task, description=f"ingest {entry.path.name}")
+                    counts = _ingest_loose(runtime, entry.path, entry.caption or caption or "", bar, task)
                 for k, v in counts.items():
                     totals[k] += v
-        _wait_in_process(runtime)
+            bar.update(task, description="ingest", total=sum(totals.values()), completed=sum(totals.values()))
+        _wait_for_mining(runtime)
     finally:
         runtime.close()
     out.print(f"ingested {totals['ingested']}, duplicates {totals['duplicate']}, failed {totals['failed']}")
@@ -132,29 +144,20 @@ def ingest(
         raise typer.Exit(1)
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-
-
-def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progress) -> dict[str, int]:
+def _ingest_batch(
+    runtime: Runtime, kind: BatchKind, path: Path, progress: Progress | LineProgress, task: TaskID
+) -> dict[str, int]:
     from p2p.ingest import batches
     from p2p.ingest.sources.base import ItemError, SourceItem
     from p2p.shared.db.models import BatchItemStatus, BatchStatus
     from p2p.shared.errors import P2PError
 
     source = str(path.resolve())
-    task = progress.add_task(f"{kind.value} {path.name}", total=None)
     try:
         batches.check_source(kind, source, store=runtime.store, settings=runtime.settings, trusted=True)
     except P2PError as exc:
-        progress.update(task, description=f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        progress.console.print(f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        progress.advance(task)
         return {"ingested": 0, "duplicate": 0, "failed": 1}
     with runtime.session() as session:
         batch = batches.create_batch(session, kind=kind, source=source)
@@ -173,7 +176,6 @@ def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progr
                 progress.console.print(
                     f"[yellow]{failure.item_key}: {failure.error_type}: {failure.error_message}"
                 )
-    progress.update(task, total=done.ingested + done.duplicates + done.failed)
     return {
         "ingested": done.ingested,
         "duplicate": done.duplicates,
@@ -181,12 +183,13 @@ def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progr
     }
 
 
-def _ingest_loose(runtime: Runtime, path: Path, caption: str, progress: Progress) -> dict[str, int]:
+def _ingest_loose(
+    runtime: Runtime, path: Path, caption: str, progress: Progress | LineProgress, task: TaskID
+) -> dict[str, int]:
     from p2p.ingest.service import ingest_figure
     from p2p.shared.errors import P2PError
     from p2p.shared.schemas import FigureMetadata
 
-    task = progress.add_task(path.name, total=1)
     try:
         with runtime.session() as session, path.open("rb") as fh:
             outcome = ingest_figure(
@@ -200,17 +203,32 @@ def _ingest_loose(runtime: Runtime, path: Path, caption: str, progress: Progress
                 source="cli",
             )
     except P2PError as exc:
-        progress.update(task, advance=1, description=f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        progress.console.print(f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        progress.advance(task)
         return {"ingested": 0, "duplicate": 0, "failed": 1}
     progress.advance(task)
     return {"ingested": int(not outcome.duplicate), "duplicate": int(outcome.duplicate), "failed": 0}
 
 
-def _wait_in_process(runtime: Runtime) -> None:
+def _wait_for_mining(runtime: Runtime) -> None:
+    """In the embedded profile the figures are mined in this process: wait, with progress."""
+    from p2p.shared.db.models import JobStatus, MiningJob
     from p2p.shared.queue import InProcessDispatcher
 
-    if isinstance(runtime.dispatcher, InProcessDispatcher):
+    if not isinstance(runtime.dispatcher, InProcessDispatcher):
+        return
+    open_jobs = select(func.count()).where(MiningJob.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+    with runtime.session() as session:
+        total = session.scalar(open_jobs) or 0
+    if not total:
         runtime.dispatcher.wait_idle()
+        return
+    with progress(console) as bar:
+        task = bar.add_task("mining", total=total)
+        while not runtime.dispatcher.wait_idle(1.0):
+            with runtime.session() as session:
+                bar.update(task, completed=total - (session.scalar(open_jobs) or 0))
+        bar.update(task, completed=total)
 
 
 @app.command()
@@ -382,6 +400,15 @@ def db_upgrade(revision: str = "head") -> None:
     out.print(f"database at {revision}")
 
 
+def _check_bind(settings: Settings, host: str) -> None:
+    if not settings.auth_required and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            "[red]refusing to serve without API keys on a non-loopback address; "
+            "set P2P_AUTH__REQUIRED=true or bind 127.0.0.1[/red]"
+        )
+        raise typer.Exit(2)
+
+
 def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | None) -> None:
     """Run one service API with uvicorn; without API keys only on a loopback address."""
     import uvicorn
@@ -389,20 +416,15 @@ def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | 
     settings = _settings()
     host = host or settings.server.host
     port = port if port is not None else settings.server.port
-    if not settings.auth_required and host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(
-            "[red]refusing to serve without API keys on a non-loopback address; "
-            "set P2P_AUTH__REQUIRED=true or bind 127.0.0.1[/red]"
-        )
-        raise typer.Exit(2)
+    _check_bind(settings, host)
     logging.getLogger().setLevel(settings.log_level)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
 
 
 @serve_app.command("ingest")
 def serve_ingest(
-    host: Annotated[str | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option()] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default P2P_SERVER__HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default P2P_SERVER__PORT, 8000).")] = None,
 ) -> None:
     """Serve the ingest API (OpenAPI docs at /docs)."""
     from p2p.ingest.app import create_app
@@ -412,8 +434,10 @@ def serve_ingest(
 
 @serve_app.command("embedding-api")
 def serve_embedding_api(
-    host: Annotated[str | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option()] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default P2P_SERVER__HOST).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default P2P_SERVER__PORT, 8000; compose: 8001).")
+    ] = None,
 ) -> None:
     """Serve the embedding and retrieval API and its web viewer (at /)."""
     from p2p.embedding_api.app import create_app
@@ -504,182 +528,6 @@ def _print_mining_table(report: dict[str, object]) -> None:
         out.print(
             "seconds per figure by stage: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in stages.items())
         )
-
-
-@app.command()
-def demo(
-    serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve the API after ingesting.")] = True,
-    port: Annotated[int | None, typer.Option()] = None,
-    synthetic: Annotated[
-        int, typer.Option(min=0, help="Synthetic compound figures added to the corpus to train on.")
-    ] = DEMO_SYNTHETIC_FIGURES,
-    train_steps: Annotated[
-        int, typer.Option(min=0, help="Steps of the demo training run (0: no training).")
-    ] = DEMO_TRAIN_STEPS,
-) -> None:
-    """Make sample figures, ingest and mine them, train the small model on them and activate it,
-    then serve the APIs and the search viewer."""
-    from p2p.ingest.samples import write_manifest_folder, write_pmc_package
-
-    settings = _settings()
-    samples = settings.data_dir / "samples"
-    manifest = write_manifest_folder(samples / "figures", count=8)
-    package = write_pmc_package(samples / "PMC9000001.tar.gz")
-    out.print(
-        f"[bold]Panel2Patch demo[/bold] ({settings.profile} profile, data in {settings.data_dir.resolve()})"
-    )
-    out.print(f"made 8 sample figures with a manifest at {manifest} and a PMC package at {package}")
-    ingest([manifest.parent, package], caption=None)
-    if synthetic:
-        ingest([_synthetic_corpus(samples / "synthetic", synthetic)], caption=None)
-    status()
-    out.print(
-        "each figure was mined on the CPU backend: GET /v1/figures/{id} shows its panels (boxes, labels, "
-        "subcaptions, types) and marker regions; `p2p eval mining --dir DIR` scores the miner."
-    )
-    trained = _demo_training(settings, train_steps) if train_steps else None
-    _demo_embedding(settings, trained)
-    if serve:
-        p = port if port is not None else settings.server.port
-        out.print(
-            f"serving the ingest API on http://{settings.server.host}:{p} (docs: /docs) and the search "
-            f"viewer and embedding API on http://{settings.server.host}:{p + 1}/; Ctrl-C stops both"
-        )
-        _serve_embedding_in_background(settings, p + 1)
-        serve_ingest(host=None, port=p)
-
-
-def _synthetic_corpus(folder: Path, count: int) -> Path:
-    """``count`` synthetic compound figures (deterministic) with a manifest of their captions."""
-    import json
-
-    from p2p.mining.synth.dataset import write_dataset
-
-    manifest = folder / "manifest.jsonl"
-    if manifest.is_file() and sum(1 for _ in manifest.open()) == count:
-        return folder
-    with console.status(f"drawing {count} synthetic compound figures..."):
-        paths = write_dataset(folder, count, seed=2026, size=(800, 640))
-    lines = []
-    for path in paths:
-        truth = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-        lines.append(json.dumps({"image": path.name, "caption": truth["caption"]}))
-    manifest.write_text("\n".join(lines) + "\n")
-    out.print(f"drew {count} synthetic compound figures with captions in {folder}")
-    return folder
-
-
-def _demo_training(settings: Settings, steps: int) -> uuid.UUID | None:
-    """Train the small preset on the corpus (once) and activate it; its model version, or None."""
-    from p2p.cli.train_cmd import follow
-    from p2p.shared.db.models import TrainingRun, TrainingRunStatus
-    from p2p.shared.errors import P2PError
-    from p2p.training import runs
-    from p2p.training.schemas import TrainingRunCreate
-
-    runtime = _runtime(settings)
-    try:
-        with runtime.session() as session:
-            done = session.scalar(
-                select(TrainingRun)
-                .where(TrainingRun.name == DEMO_RUN_NAME, TrainingRun.status == TrainingRunStatus.COMPLETED)
-                .order_by(TrainingRun.created_at.desc())
-            )
-            if done is not None and done.model_version_id is not None:
-                out.print(f"the demo model was trained before (run {done.id}); skipping training")
-                return done.model_version_id
-            body = TrainingRunCreate.model_validate(
-                {
-                    "name": DEMO_RUN_NAME,
-                    "preset": "small",
-                    "config": {"max_steps": steps},
-                    # The demo's test split alone holds ~20 figures: score on both held-out splits.
-                    "options": {
-                        "checkpoint_every": max(steps // 4, 1),
-                        "activate": False,
-                        "eval_split": "val+test",
-                    },
-                }
-            )
-            try:
-                run = runs.create_run(session, runtime.dispatcher, runtime.store, body=body)
-            except P2PError as exc:
-                out.print(f"[yellow]no demo training: {exc.message}[/yellow]")
-                return None
-            run_id = run.id
-        out.print(f"training the small hierarchical CLIP model for {steps} steps (run {run_id})")
-        if follow(runtime, run_id) != "completed":
-            return None
-        with runtime.session() as session:
-            finished = session.get(TrainingRun, run_id)
-            return finished.model_version_id if finished is not None else None
-    finally:
-        runtime.close()
-
-
-def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
-    """Index the corpus with ``version_id`` (the demo's trained model; else the default model,
-    registered once), then show one search."""
-    from p2p.embedding_api import vectors
-    from p2p.embedding_api.indexing import activate, get_space, register, spec_of
-    from p2p.embedding_api.modeling import DEFAULT_MODEL_NAME, default_spec, load_model
-    from p2p.shared.db.models import ModelStatus, ModelVersion
-    from p2p.shared.queue import InProcessDispatcher
-
-    runtime = _runtime(settings)
-    try:
-        space = settings.embedding.space
-        with runtime.session() as session:
-            version = session.get(ModelVersion, version_id) if version_id is not None else None
-            if version is None:
-                version = session.scalar(
-                    select(ModelVersion)
-                    .where(ModelVersion.name == DEFAULT_MODEL_NAME, ModelVersion.training_run_id.is_(None))
-                    .order_by(ModelVersion.created_at.desc())
-                )
-            if version is None:
-                version = register(session, default_spec(), "1", store=runtime.store)
-                out.print(f"registered the default embedding model {version.name} {version.version}")
-            row = get_space(session, space)
-            if row is None or row.active_version_id != version.id or version.status is not ModelStatus.READY:
-                activate(session, runtime.dispatcher, version_id=version.id, space=space)
-            version_id = version.id
-            spec = spec_of(version)
-            trained = version.training_run_id is not None
-        if isinstance(runtime.dispatcher, InProcessDispatcher):
-            runtime.dispatcher.wait_idle(900)
-        with runtime.session() as session:
-            ready = session.get(ModelVersion, version_id)
-            assert ready is not None
-            state, progress = ready.status, dict(ready.progress or {})
-        if state is not ModelStatus.READY:
-            out.print(f"embedding index not ready ({state}): `p2p models list` shows its progress")
-            return
-        what = "trained by the demo run" if trained else "its vision tower is untrained until a training run"
-        out.print(
-            f"embedded {progress.get('done')} figures, panels and regions with {spec.name} {ready.version} "
-            f"({progress.get('items_per_s')} items/s); {what}"
-        )
-        model = load_model(spec, store=runtime.store, threads=settings.embedding.torch_threads)
-        query = "fluorescence micrograph of cells"
-        with runtime.engine.connect() as conn:
-            hits = vectors.search(conn, version_id, model.encode_texts([query])[0], level="panel", k=3)
-        out.print(f"search '{query}' (panels): " + ", ".join(f"{h.item_id} ({h.score:.3f})" for h in hits))
-    finally:
-        runtime.close()
-
-
-def _serve_embedding_in_background(settings: Settings, port: int) -> None:
-    import threading
-
-    import uvicorn
-
-    from p2p.embedding_api.app import create_app
-
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host=settings.server.host, port=port, log_level="warning")
-    )
-    threading.Thread(target=server.run, name="embedding-api", daemon=True).start()
 
 
 if __name__ == "__main__":

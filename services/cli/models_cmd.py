@@ -10,9 +10,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
+
+from p2p.cli.progress import progress as progress_bar
 
 models_app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
 out = Console()
@@ -91,6 +93,29 @@ def list_cmd() -> None:
     out.print(table)
 
 
+def follow_reindex(runtime: Any, version_id: uuid.UUID) -> tuple[Any, dict[str, Any], str | None]:
+    """Re-index progress until the version is ready or failed: (status, progress, error)."""
+    from p2p.shared.db.models import ModelStatus, ModelVersion
+
+    columns = (
+        TextColumn("re-index"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
+    with progress_bar(err, *columns) as bar:
+        task = bar.add_task("re-index", total=None)
+        while True:
+            with runtime.session() as session:
+                row = session.get(ModelVersion, version_id)
+                assert row is not None
+                status, state, error = row.status, dict(row.progress or {}), row.error
+            bar.update(task, total=state.get("total"), completed=state.get("done", 0))
+            if status in (ModelStatus.READY, ModelStatus.FAILED):
+                return status, state, error
+            time.sleep(0.5)
+
+
 @models_app.command("activate")
 def activate_cmd(
     version_id: Annotated[str, typer.Argument(help="Model version id.")],
@@ -99,7 +124,7 @@ def activate_cmd(
 ) -> None:
     """Re-embed the corpus with a version; the space switches when it is complete."""
     from p2p.embedding_api.indexing import activate
-    from p2p.shared.db.models import ModelStatus, ModelVersion
+    from p2p.shared.db.models import ModelStatus
     from p2p.shared.errors import P2PError
 
     runtime = _runtime()
@@ -117,22 +142,7 @@ def activate_cmd(
         if not wait:
             out.print(f"re-index of {vid} for space {name} queued")
             return
-        with Progress(
-            TextColumn("re-index"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-        ) as bar:
-            task = bar.add_task("reindex", total=None)
-            while True:
-                with runtime.session() as session:
-                    row = session.get(ModelVersion, vid)
-                    assert row is not None
-                    status, progress, error = row.status, dict(row.progress or {}), row.error
-                bar.update(task, total=progress.get("total"), completed=progress.get("done", 0))
-                if status in (ModelStatus.READY, ModelStatus.FAILED):
-                    break
-                time.sleep(0.5)
+        status, progress, error = follow_reindex(runtime, vid)
         if status is ModelStatus.FAILED:
             raise _fail(RuntimeError(f"re-index failed: {error}"))
         out.print(

@@ -10,9 +10,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from p2p.cli.progress import progress
 from p2p.shared.runtime import Runtime
 
 train_app = typer.Typer(help="Hierarchical CLIP training runs.", no_args_is_help=True)
@@ -166,17 +167,16 @@ def follow(runtime: Runtime, run_id: uuid.UUID) -> str:
     )
     run = _load(runtime, run_id)
     try:
-        with Progress(*columns, console=out, transient=False) as bar:
+        with progress(out, *columns) as bar:
             task = bar.add_task(run.status.value, total=None, info="")
             while not run.status.finished:
-                progress = run.progress or {}
-                total = progress.get("total_steps")
+                state = run.progress or {}
                 bar.update(
                     task,
                     description=run.status.value,
-                    completed=progress.get("step") or 0,
-                    total=total,
-                    info=progress_line(progress),
+                    completed=state.get("step") or 0,
+                    total=state.get("total_steps"),
+                    info=progress_line(state),
                 )
                 time.sleep(POLL_S)
                 run = _load(runtime, run_id)
