@@ -80,6 +80,8 @@ def resolve_specs(
 
 
 def _table(rows: list[dict[str, Any]], ks: list[int], split: str) -> Table:
+    from p2p.training.evaluate import chance
+
     table = Table(title=f"retrieval on {split}")
     table.add_column("model")
     columns: list[str] = []
@@ -93,6 +95,9 @@ def _table(rows: list[dict[str, Any]], ks: list[int], split: str) -> Table:
         table.add_column(f"{task}\n{rest}", justify="right")
     for row in rows:
         table.add_row(row["model"], *(f"{row[c]:.3f}" for c in columns))
+    if rows:  # what random scores would get on these items
+        levels = [chance(c, rows[0]) for c in columns]
+        table.add_row("chance", *("" if v is None else f"{v:.3f}" for v in levels), style="dim")
     return table
 
 

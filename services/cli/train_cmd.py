@@ -212,17 +212,29 @@ def progress_line(progress: dict[str, Any]) -> str:
 
 
 def metrics_table(metrics: dict[str, Any]) -> Table | None:
+    """Trained against untrained, in R@1/5/10 order, with each metric's item count and the score
+    random ranking would get (chance)."""
+    from p2p.training.evaluate import chance, ordered_metrics
+
     if "trained" not in metrics:
         return None
+    trained, untrained = metrics["trained"], metrics["untrained"]
     table = Table(title=f"evaluation on the {metrics.get('split')} split")
-    for column in ("metric", "untrained", "trained", ""):
-        table.add_column(column, justify="right" if column else "left")
+    for column in ("metric", "n", "chance", "untrained", "trained", ""):
+        table.add_column(column, justify="left" if column == "metric" else "right")
     improved = metrics.get("improved", {})
-    for key in sorted(metrics["trained"]):
-        if key.endswith(" n"):
-            continue
-        mark = "better" if improved.get(key) else "not better"
-        table.add_row(key, f"{metrics['untrained'][key]:.3f}", f"{metrics['trained'][key]:.3f}", mark)
+    for key in ordered_metrics(trained):
+        task = "zero-shot" if key.startswith("zero-shot") else key.partition(" ")[0]
+        n = trained.get(f"{task} n")
+        level = chance(key, trained)
+        table.add_row(
+            key,
+            "" if n is None else str(n),
+            "" if level is None else f"{level:.3f}",
+            f"{untrained[key]:.3f}",
+            f"{trained[key]:.3f}",
+            "better" if improved.get(key) else "not better",
+        )
     return table
 
 
