@@ -172,3 +172,30 @@ def test_demo_stops_on_ctrl_c_and_leaves_no_database_running(demo: Demo) -> None
     assert demo.stop() == 0, demo.output()[-4000:]
     assert "Application shutdown complete" in demo.output()
     assert not (demo.data_dir / ".p2p-data" / "pg" / "postmaster.pid").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_demo_passes_its_port_and_run_size_to_p2p_demo() -> None:
+    """`make demo PORT=9000 ...` runs the same `p2p demo` as the tests above, with those options
+    (make -n prints the command without running it; the venv stamp is touched so no install runs)."""
+    stamp = ROOT / ".venv" / ".installed"
+    if not stamp.exists():
+        pytest.skip("no installed .venv in this checkout")
+    done = subprocess.run(
+        [
+            "make",
+            "-n",
+            "-o",
+            str(stamp.relative_to(ROOT)),
+            "demo",
+            "PORT=9000",
+            "SYNTHETIC=300",
+            "TRAIN_STEPS=0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    command = " ".join(done.stdout.replace("\\\n", " ").split())
+    assert "p2p demo --port 9000 --synthetic 300 --train-steps 0" in command

@@ -83,6 +83,11 @@ def test_train_start_shows_progress_and_the_run_is_listed_shown_and_not_cancelle
     assert listed.exit_code == 0 and run_id[1] in said(listed) and "4/4" in said(listed)
     shown = runner.invoke(app, ["train", "show", run_id[1]])
     assert shown.exit_code == 0 and "completed" in said(shown)
+    short = runner.invoke(app, ["train", "show", run_id[1][:8]])  # the 8 characters tables print
+    assert short.exit_code == 0 and f"run {run_id[1]}: completed" in said(short)
+    nowhere = runner.invoke(app, ["train", "show", "ffffffff" if run_id[1][0] != "f" else "00000000"])
+    assert nowhere.exit_code == 2 and "no training run with an id starting" in said(nowhere)
+    assert runner.invoke(app, ["train", "show", "run-one"]).exit_code == 2
     again = runner.invoke(app, ["train", "cancel", run_id[1]])
     assert again.exit_code == 2 and "has already completed" in said(again)
     unknown = runner.invoke(app, ["train", "show", "0" * 8 + "-0000-0000-0000-" + "0" * 12])

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from sqlalchemy import select
 
+from p2p.cli.consoles import make_console
 from p2p.shared.settings import Settings
 
-out = Console()
+out = make_console()
 
 DEMO_SYNTHETIC_FIGURES = 60
 DEMO_TRAIN_STEPS = 40

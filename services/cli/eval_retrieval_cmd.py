@@ -8,16 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from p2p.cli.consoles import make_console
 
 if TYPE_CHECKING:
     from p2p.embedding_api.modeling import ModelSpec
     from p2p.shared.runtime import Runtime
     from p2p.shared.storage import ObjectStore
 
-out = Console()
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 from sqlalchemy import func, select
 
+from p2p.cli.consoles import make_console
 from p2p.cli.progress import LineProgress, progress
 from p2p.shared.db.models import BatchKind
 from p2p.shared.runtime import Runtime
@@ -75,8 +75,8 @@ def _register_eval_retrieval() -> None:
 
 _register_eval_retrieval()
 
-console = Console(stderr=True)
-out = Console()
+console = make_console(stderr=True)
+out = make_console()
 
 
 def _settings() -> Settings:
@@ -246,7 +246,13 @@ def status() -> None:
             )
             panels = session.scalar(select(func.count()).select_from(Panel))
             regions = session.scalar(select(func.count()).select_from(Region))
-            recent = list(session.scalars(select(Batch).order_by(Batch.created_at.desc()).limit(10)))
+            # Re-runs that found only duplicates (a second demo, a retried folder) are folded into a
+            # count: the table lists batches that added or failed something.
+            rerun = (Batch.ingested == 0) & (Batch.failed == 0) & (Batch.duplicates > 0)
+            recent = list(
+                session.scalars(select(Batch).where(~rerun).order_by(Batch.created_at.desc()).limit(10))
+            )
+            reruns = session.scalar(select(func.count()).select_from(Batch).where(rerun)) or 0
     finally:
         runtime.close()
     table = Table(title="Panel2Patch")
@@ -275,6 +281,8 @@ def status() -> None:
                 b.source[-60:],
             )
         out.print(batches)
+    if reruns:
+        out.print(f"and {reruns} re-run batches that found only figures already stored (not listed)")
 
 
 @app.command()
@@ -282,7 +290,8 @@ def cost(
     backend: Annotated[str | None, typer.Option(help="Only this mining backend (cpu, lvlm).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Mining cost: LVLM requests, tokens, retries and fallbacks per figure and per stage."""
+    """Mining cost: LVLM requests, tokens, retries and fallbacks per figure and per stage; for the
+    CPU backend, the time of each stage."""
     import json
 
     from p2p.mining.costs import COUNTERS, aggregate_costs
@@ -300,6 +309,9 @@ def cost(
         out.print("no finished mining jobs")
         return
     for row in rows:
+        if not row["requests"]:  # the CPU backend (or LVLM jobs that all fell back): time, not tokens
+            out.print(_stage_time_table(row))
+            continue
         table = Table(title=f"{row['backend']} {row['version']}: {row['figures']} figures")
         table.add_column("stage")
         for key in COUNTERS:
@@ -314,6 +326,20 @@ def cost(
             f"{row['fallback_figures']} figures with a CPU fallback"
         )
         out.print(table)
+
+
+def _stage_time_table(row: dict[str, Any]) -> Table:
+    figures = max(int(row["figures"]), 1)
+    seconds = row.get("stage_seconds") or {}
+    table = Table(title=f"{row['backend']} {row['version']}: {row['figures']} figures")
+    for column, justify in (("stage", "left"), ("total s", "right"), ("per figure ms", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for stage, value in sorted(seconds.items(), key=lambda item: -item[1]):
+        table.add_row(stage, f"{value:.1f}", f"{1000 * value / figures:.1f}")
+    total = sum(seconds.values())
+    table.add_row("total", f"{total:.1f}", f"{1000 * total / figures:.1f}")
+    table.caption = "no model server, no requests, no model tokens: the cost is the CPU time of each stage"
+    return table
 
 
 @keys_app.command("create")

@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
 
+from p2p.cli.consoles import make_console
 from p2p.cli.progress import progress as progress_bar
 
 models_app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 
 
 def _runtime() -> Any:
@@ -118,23 +118,24 @@ def follow_reindex(runtime: Any, version_id: uuid.UUID) -> tuple[Any, dict[str, 
 
 @models_app.command("activate")
 def activate_cmd(
-    version_id: Annotated[str, typer.Argument(help="Model version id.")],
+    version_id: Annotated[str, typer.Argument(help="Model version id, or its first 8 or more characters.")],
     space: Annotated[str | None, typer.Option(help="Embedding space (default: the configured one).")] = None,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the re-index to its end.")] = True,
 ) -> None:
     """Re-embed the corpus with a version; the space switches when it is complete."""
+    from p2p.cli.ids import IdError, resolve_id
     from p2p.embedding_api.indexing import activate
-    from p2p.shared.db.models import ModelStatus
+    from p2p.shared.db.models import ModelStatus, ModelVersion
     from p2p.shared.errors import P2PError
 
     runtime = _runtime()
     try:
-        try:
-            vid = uuid.UUID(version_id)
-        except ValueError as exc:
-            raise _fail(ValueError(f"not a model version id: {version_id}")) from exc
         name = space or runtime.settings.embedding.space
         with runtime.session() as session:
+            try:
+                vid = resolve_id(session, ModelVersion, version_id, what="model version")
+            except IdError as exc:
+                raise _fail(exc) from exc
             try:
                 activate(session, runtime.dispatcher, version_id=vid, space=name)
             except P2PError as exc:

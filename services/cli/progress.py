@@ -35,6 +35,7 @@ class _Line:
     fields: dict[str, Any] = field(default_factory=dict)
     started: float = 0.0
     printed: float = 0.0
+    last: tuple[float, str] = (-1.0, "")
 
 
 class LineProgress:
@@ -85,7 +86,10 @@ class LineProgress:
         if advance is not None:
             line.completed += advance
         line.fields.update(fields)
-        if self.clock() - line.printed >= self.interval_s:
+        # A line per interval while it moves; a stalled task (a slow training step) every 4.
+        since = self.clock() - line.printed
+        moved = (line.completed, line.description) != line.last
+        if since >= self.interval_s * (1 if moved else 4):
             self._print(task_id)
 
     def advance(self, task_id: TaskID, advance: float = 1) -> None:
@@ -94,7 +98,7 @@ class LineProgress:
     def _print(self, task_id: int) -> None:
         line = self._tasks[task_id]
         now = self.clock()
-        line.printed = now
+        line.printed, line.last = now, (line.completed, line.description)
         done = f"{line.completed:.0f}" + (f"/{line.total:.0f}" if line.total else "")
         if line.total:
             done += f" ({100 * line.completed / line.total:.0f}%)"

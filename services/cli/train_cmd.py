@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from p2p.cli.consoles import make_console
 from p2p.cli.progress import progress
 from p2p.shared.runtime import Runtime
 
 train_app = typer.Typer(help="Hierarchical CLIP training runs.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 POLL_S = 0.5
 
 
@@ -34,11 +34,16 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _run_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError as exc:
-        raise _fail(f"not a run id: {text!r}") from exc
+def _run_id(runtime: Runtime, text: str) -> uuid.UUID:
+    """A full run id or a prefix of one (tables print the first 8 characters)."""
+    from p2p.cli.ids import IdError, resolve_id
+    from p2p.shared.db.models import TrainingRun
+
+    with runtime.session() as session:
+        try:
+            return resolve_id(session, TrainingRun, text, what="training run")
+        except IdError as exc:
+            raise _fail(str(exc)) from exc
 
 
 def config_overrides(
@@ -272,7 +277,7 @@ def show_cmd(
     runtime = _runtime()
     try:
         try:
-            run = _load(runtime, _run_id(run_id))
+            run = _load(runtime, _run_id(runtime, run_id))
         except NotFound as exc:
             raise _fail(exc.message) from exc
         if follow_ and not run.status.finished:
@@ -319,9 +324,10 @@ def cancel_cmd(run_id: str) -> None:
 
     runtime = _runtime()
     try:
+        target = _run_id(runtime, run_id)
         with runtime.session() as session:
             try:
-                run = runs.cancel_run(session, _run_id(run_id))
+                run = runs.cancel_run(session, target)
             except P2PError as exc:
                 raise _fail(exc.message) from exc
             out.print(

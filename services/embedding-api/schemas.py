@@ -142,6 +142,18 @@ class SearchPublic(BaseModel):
 # --- items -----------------------------------------------------------------------------------------
 
 
+class CorpusPublic(BaseModel):
+    """What the viewer's landing page shows: corpus counts and a page of the newest figures."""
+
+    figures: int
+    panels: int
+    regions: int
+    articles: int
+    offset: int
+    limit: int
+    recent: list[FigureBrief] = Field(description="Newest figures first.")
+
+
 class PanelItemPublic(PanelPublic):
     figure: FigureBrief
     article: ArticleBrief | None

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 from fastapi.concurrency import run_in_threadpool
 from PIL import Image
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from p2p.embedding_api import vectors
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.schemas import (
     ArticleBrief,
+    CorpusPublic,
     FigureBrief,
     HitPublic,
     ModelRef,
@@ -442,6 +443,24 @@ def figure_detail(session: Session, figure_id: uuid.UUID) -> FigurePublic:
     if figure is None:
         raise NotFound(f"no figure {figure_id}")
     return FigurePublic.model_validate(figure)
+
+
+def corpus_overview(session: Session, *, limit: int, offset: int) -> CorpusPublic:
+    def count(model: Any) -> int:
+        return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+    newest = session.scalars(
+        select(Figure).order_by(Figure.created_at.desc(), Figure.id).limit(limit).offset(offset)
+    )
+    return CorpusPublic(
+        figures=count(Figure),
+        panels=count(Panel),
+        regions=count(Region),
+        articles=count(Article),
+        offset=offset,
+        limit=limit,
+        recent=[figure_brief(f) for f in newest],
+    )
 
 
 def panel_item(session: Session, panel_id: uuid.UUID) -> PanelItemPublic:

@@ -1,17 +1,29 @@
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from p2p.embedding_api import service
 from p2p.embedding_api.deps import ReadPrincipal, RuntimeDep, SessionDep
-from p2p.embedding_api.schemas import PanelItemPublic, RegionItemPublic
+from p2p.embedding_api.schemas import CorpusPublic, PanelItemPublic, RegionItemPublic
 from p2p.shared.crops import CROP_RESPONSES, crop_response
 from p2p.shared.schemas import FigurePublic
 
 router = APIRouter(prefix="/v1", tags=["items"])
+
+
+@router.get("/corpus", response_model=CorpusPublic)
+def get_corpus(
+    session: SessionDep,
+    _: ReadPrincipal,
+    limit: Annotated[int, Query(ge=1, le=100)] = 12,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> CorpusPublic:
+    """Counts of figures, panels, regions and articles, and a page of the newest figures."""
+    return service.corpus_overview(session, limit=limit, offset=offset)
 
 
 @router.get("/figures/{figure_id}", response_model=FigurePublic)
