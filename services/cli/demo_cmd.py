@@ -229,17 +229,21 @@ def serve_both(settings: Settings, *, host: str, port: int) -> bool:
 
     import uvicorn
 
-    from p2p.cli.main import _check_bind
+    from p2p.cli.main import _refuse_open_bind_without_keys, _runtime
     from p2p.embedding_api.app import create_app as create_embedding_app
     from p2p.ingest.app import create_app as create_ingest_app
 
-    _check_bind(settings, host)
+    _refuse_open_bind_without_keys(settings, host)
     logging.getLogger().setLevel(settings.log_level)
     level = settings.log_level.lower()
+    # One runtime for both: one embedded database handle, one task pool.
+    runtime = _runtime(settings)
     servers = [
-        uvicorn.Server(uvicorn.Config(create_ingest_app(settings), host=host, port=port, log_level=level)),
         uvicorn.Server(
-            uvicorn.Config(create_embedding_app(settings), host=host, port=port + 1, log_level=level)
+            uvicorn.Config(create_ingest_app(runtime=runtime), host=host, port=port, log_level=level)
+        ),
+        uvicorn.Server(
+            uvicorn.Config(create_embedding_app(runtime=runtime), host=host, port=port + 1, log_level=level)
         ),
     ]
     out.print(
@@ -254,9 +258,11 @@ def serve_both(settings: Settings, *, host: str, port: int) -> bool:
             server.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    # uvicorn raises the Ctrl-C it handled again once its server is down
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_all())
+    try:  # uvicorn raises the Ctrl-C it handled again once its server is down
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_all())
+    finally:
+        runtime.close()
     started = all(server.started for server in servers)
     if not started:
         out.print("[red]the demo could not start both APIs; see the errors above[/red]")

@@ -426,7 +426,7 @@ def db_upgrade(revision: str = "head") -> None:
     out.print(f"database at {revision}")
 
 
-def _check_bind(settings: Settings, host: str) -> None:
+def _refuse_open_bind_without_keys(settings: Settings, host: str) -> None:
     if not settings.auth_required and host not in ("127.0.0.1", "localhost", "::1"):
         console.print(
             "[red]refusing to serve without API keys on a non-loopback address; "
@@ -442,7 +442,7 @@ def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | 
     settings = _settings()
     host = host or settings.server.host
     port = port if port is not None else settings.server.port
-    _check_bind(settings, host)
+    _refuse_open_bind_without_keys(settings, host)
     logging.getLogger().setLevel(settings.log_level)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
 
