@@ -16,7 +16,7 @@ TRAIN_STEPS ?=
 $(STAMP): pyproject.toml
 	@echo "== install 1/2: virtual environment $(VENV) ($(PYTHON))"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "== install 2/2: panel2patch with its dev and ml extras (torch, open_clip, RapidOCR...; about 2 GB of wheels, minutes)"
+	@echo "== install 2/2: panel2patch with its dev and ml extras (torch with its CUDA libraries, open_clip, RapidOCR...: about 7 GB installed, minutes)"
 	$(BIN)/python -m pip install --progress-bar on -e '.[dev,ml]'
 	touch $(STAMP)
 	@echo "== installed"

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 import uvicorn
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select, text
 
 from p2p.embedding_api.app import create_app
+from p2p.shared.db.base import Base
 from p2p.shared.db.models import Panel
-from p2p.shared.runtime import Runtime
-from tests.conftest import RuntimeFactory
+from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
+from p2p.shared.settings import Settings
 from tests.test_embedding_api import index_corpus, mine_corpus
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -42,7 +43,6 @@ pytestmark = [
         not CHROMIUM.exists(),
         reason="viewer tests need Debian's /usr/bin/chromium (apt-get install chromium)",
     ),
-    pytest.mark.parametrize("store_kind", ["local"], indirect=True),
 ]
 
 
@@ -52,9 +52,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def served(make_runtime: RuntimeFactory) -> Iterator[tuple[str, Runtime, list[str]]]:
-    runtime = make_runtime()
+@pytest.fixture(scope="module")
+def served(
+    engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Runtime, list[str]]]:
+    """One mined and indexed corpus served for every test of the module (they only read it)."""
+    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {tables} CASCADE"))
+    settings = Settings(
+        profile="embedded",
+        data_dir=tmp_path_factory.mktemp("viewer") / "data",
+        db={"url": pg_url},
+        queue={"embedded_queues": ["ingest"]},
+    )
+    runtime = build_runtime(settings)
+    set_process_runtime(runtime)
     figure_ids = mine_corpus(runtime)
     index_corpus(runtime)
     port = free_port()
@@ -72,20 +85,30 @@ def served(make_runtime: RuntimeFactory) -> Iterator[tuple[str, Runtime, list[st
     finally:
         server.should_exit = True
         thread.join(30)
+        set_process_runtime(None)
+        runtime.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
 
 
 @pytest.fixture
-def page() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
-            tab = context.new_page()
-            tab.set_default_timeout(30_000)
-            yield tab
-        finally:
-            browser.close()
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        tab = context.new_page()
+        tab.set_default_timeout(30_000)
+        yield tab
+    finally:
+        context.close()
 
 
 def assert_screenshot(path: Path) -> None:
