@@ -149,7 +149,7 @@ def test_search_page_shows_crops_and_filters_by_level(
     assert page.locator(".hit[data-level=panel]").count() == counts["panel"]
     page.uncheck("#level-toggles input[data-level=figure]")
     page.wait_for_function("document.querySelectorAll('.hit[data-level=figure]').length === 0")
-    assert page.locator(".hit").count() == counts["panel"]
+    assert page.locator("#results .hit").count() == counts["panel"]
     shot(page, "search-panels.png")
     page.check("#level-toggles input[data-level=region]")
     page.wait_for_selector(".hit[data-level=region]")
@@ -295,7 +295,7 @@ def test_figure_page_links_boxes_and_cards_and_tags_every_box(
     page.wait_for_function("document.getElementById('figure-image').naturalWidth > 0")
 
     # every region box carries a tag (panel label + number), and so does its card
-    tags = page.locator("#region-boxes text.tag").all_inner_texts()
+    tags = page.locator("#region-boxes text.tag").all_text_contents()
     assert len(tags) == sum(len(p.regions) for p in panels) and all(tags)
     card_badges = page.locator("#items .region .badge").all_inner_texts()
     assert sorted(card_badges) == sorted(tags)
@@ -340,6 +340,8 @@ def test_an_opened_hit_is_highlighted_and_scrolled_to(
     )
     assert card.is_visible()
     assert page.locator(f'#region-boxes g.item.focus[data-id="{region.id}"]').count() == 1
+    box = page.locator(f'#region-boxes g.item.focus[data-id="{region.id}"] rect').bounding_box()
+    assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 500  # its box is in view too
     shot(page, "figure-focus.png", full_page=False)
 
 
@@ -360,7 +362,7 @@ def test_figure_zooms_pans_and_stays_beside_its_cards(
     assert box is not None  # the boxes scale with the image
     viewport = page.locator("#viewport").bounding_box()
     assert viewport is not None
-    x, y = viewport["x"] + viewport["width"] / 2, viewport["y"] + viewport["height"] / 2
+    x, y = viewport["x"] + viewport["width"] / 2, viewport["y"] + 100  # inside the 500-px window
     page.mouse.move(x, y)
     page.mouse.down()
     page.mouse.move(x + 60, y + 30, steps=4)

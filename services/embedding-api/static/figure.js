@@ -28,15 +28,14 @@
 
   // --- boxes and their tags ---------------------------------------------------------------------
 
-  function tagPlace(box, size, figure) {
-    // Above the box's right end; else below it; else inside its bottom-right corner.
-    const [x0, y0, x1, y1] = box;
+  function tagPlace(box, size) {
+    // Above the box's right end; at the figure's top edge, inside its top-right corner.
+    const [, y0, x1] = box;
     if (y0 - size - 2 >= 0) return { x: x1, y: y0 - 4, anchor: "end" };
-    if (y1 + size + 2 <= figure.height) return { x: x1, y: y1 + size, anchor: "end" };
-    return { x: Math.max(x0 + size, x1 - 4), y: y1 - 4, anchor: "end" };
+    return { x: x1 - 4, y: y0 + size + 2, anchor: "end" };
   }
 
-  function rect(box, level, id, tag, size, figure) {
+  function rect(box, level, id, tag, size) {
     const [x0, y0, x1, y1] = box;
     const group = svg("g", { "data-id": id, "data-level": level, class: "item" + (id === focusId ? " focus" : "") });
     group.append(
@@ -47,7 +46,7 @@
       })
     );
     if (tag) {
-      const at = tagPlace(box, size, figure);
+      const at = tagPlace(box, size);
       group.append(svg("text", { class: "tag " + level, x: at.x, y: at.y, "text-anchor": at.anchor, "font-size": size, text: tag }));
     }
     return group;
@@ -130,8 +129,11 @@
       const r = viewport.getBoundingClientRect();
       zoomAt(event.deltaY < 0 ? 1.2 : 1 / 1.2, event.clientX - r.left, event.clientY - r.top);
     }, { passive: false });
+    // The browser's own image drag-and-drop would take over the pointer after its first move.
+    viewport.addEventListener("dragstart", (event) => event.preventDefault());
     viewport.addEventListener("pointerdown", (event) => {
       if (scale === 1) return;
+      event.preventDefault();
       drag = { x: event.clientX - tx, y: event.clientY - ty };
       viewport.setPointerCapture(event.pointerId);
     });
@@ -155,16 +157,25 @@
       (figure.figure_label || "Figure") + " · " + figure.width + "×" + figure.height + " · " + figure.status;
     const overlay = document.getElementById("overlay");
     overlay.setAttribute("viewBox", "0 0 " + figure.width + " " + figure.height);
-    await setImage(document.getElementById("figure-image"), figure.image_url);
+    const image = document.getElementById("figure-image");
+    await setImage(image, figure.image_url);
+    // the boxes' places on the page (for scrolling to the opened hit) exist once the image has loaded
+    await new Promise((resolve) => {
+      if (image.complete && image.naturalWidth) resolve();
+      else {
+        image.addEventListener("load", resolve, { once: true });
+        image.addEventListener("error", resolve, { once: true });
+      }
+    });
     const panels = document.getElementById("panel-boxes");
     const regions = document.getElementById("region-boxes");
     const size = Math.max(12, Math.round(Math.max(figure.width, figure.height) / 45));
     let regionCount = 0;
     for (const panel of figure.panels) {
-      panels.append(rect(panel.box, "panel", panel.id, panel.label || "", size, figure));
+      panels.append(rect(panel.box, "panel", panel.id, panel.label || "", size));
       panel.regions.forEach((region, index) => {
         regionCount += 1;
-        regions.append(rect(region.box_in_figure, "region", region.id, regionName(panel, index), Math.round(size * 0.75), figure));
+        regions.append(rect(region.box_in_figure, "region", region.id, regionName(panel, index), Math.round(size * 0.75)));
       });
     }
     document.getElementById("count-panel").textContent = String(figure.panels.length);
@@ -196,6 +207,13 @@
     if (focusId) {
       const card = items.querySelector('[data-id="' + CSS.escape(focusId) + '"]');
       if (card) card.scrollIntoView({ block: "center" });
+      // and the figure's own column (sticky, scrolling on its own) to the hit's box
+      const box = document.querySelector('#overlay g.item[data-id="' + CSS.escape(focusId) + '"]');
+      const column = document.getElementById("figure-column");
+      if (box) {
+        const r = box.getBoundingClientRect(), c = column.getBoundingClientRect();
+        column.scrollTop += r.top - c.top - (c.height - r.height) / 2;
+      }
     }
     setStatus(status, figure.panels.length ? "" : "This figure has no mined panels yet.");
   }

@@ -17,6 +17,7 @@
   const toggles = Array.from(document.querySelectorAll("#level-toggles input[data-level]"));
   let query = null; // {text} or {file}, with levels, k, page
   let more = false;
+  let runs = 0; // only the latest search may draw its answers
   let recentOffset = 0;
 
   P2P.bindKeyInput(document.getElementById("api-key"));
@@ -107,17 +108,20 @@
   }
 
   async function run() {
+    // The previous hits stay until the new ones arrive: toggling a level swaps the grid at once.
     landing.hidden = true;
-    results.replaceChildren();
-    pager.hidden = true;
     const levels = query.levels;
     if (!levels.length) {
+      results.replaceChildren();
+      pager.hidden = true;
       setStatus(status, "Tick at least one level.", true);
       return;
     }
     setStatus(status, "Searching " + levels.join(", ") + "…");
+    const ticket = ++runs;
     try {
       const answers = await Promise.all(levels.map(searchLevel));
+      if (ticket !== runs) return;
       const hits = answers.flatMap((a) => a.hits).sort((a, b) => b.score - a.score);
       more = answers.some((a) => a.hits.length === query.k);
       results.replaceChildren(...hits.map(card));
@@ -129,7 +133,7 @@
       document.getElementById("next-page").disabled = !more;
       document.getElementById("page-info").textContent = "page " + (query.page + 1);
     } catch (error) {
-      setStatus(status, error.message, true);
+      if (ticket === runs) setStatus(status, error.message, true);
     }
   }
 
