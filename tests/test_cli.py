@@ -213,7 +213,7 @@ def test_cost_sums_lvlm_requests_per_figure_and_stage(cli_env: Path, db: Engine)
                 MiningJob(
                     figure_id=figure.id,
                     backend="lvlm",
-                    backend_version="1",
+                    miner_version="lvlm-1-paper",
                     status=JobStatus.SUCCEEDED,
                     cost=cost,
                 )
@@ -245,7 +245,7 @@ def test_cost_of_the_cpu_backend_is_its_time_per_stage(cli_env: Path, db: Engine
             session.flush()
             session.add(
                 MiningJob(
-                    figure_id=figure.id, backend="cpu", backend_version="3", status=JobStatus.SUCCEEDED,
+                    figure_id=figure.id, backend="cpu", miner_version="cpu-3", status=JobStatus.SUCCEEDED,
                     cost={}, stage_timings=stage_timings,
                 )
             )  # fmt: skip

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from p2p.embedding_api.modeling import default_spec, load_model
+from p2p.models.modeling import default_spec, load_model
 from p2p.shared.hf_logging import quiet_expected_load_reports
 
 

@@ -163,8 +163,9 @@ def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
     registered once), then show one search."""
     from p2p.cli.main import _runtime
     from p2p.cli.models_cmd import follow_reindex
-    from p2p.embedding_api.indexing import activate, get_space, register, spec_of
-    from p2p.embedding_api.modeling import DEFAULT_MODEL_NAME, default_spec
+    from p2p.embedding_api.indexing import register
+    from p2p.models.modeling import DEFAULT_MODEL_NAME, default_spec
+    from p2p.models.registry import activate, get_space, spec_of
     from p2p.shared.db.models import ModelStatus, ModelVersion
 
     runtime = _runtime(settings)
@@ -204,8 +205,8 @@ def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
 def _show_search(runtime: Any, spec: Any, version_id: uuid.UUID) -> None:
     """One text search, printed as a reader would want it: level, label, text and score."""
     from p2p.embedding_api import vectors
-    from p2p.embedding_api.modeling import load_model
     from p2p.embedding_api.service import enrich
+    from p2p.models.modeling import load_model
 
     model = load_model(spec, store=runtime.store, threads=runtime.settings.embedding.torch_threads)
     with runtime.engine.connect() as conn:
@@ -229,9 +230,8 @@ def serve_both(settings: Settings, *, host: str, port: int) -> bool:
 
     import uvicorn
 
+    from p2p.apps import api  # lazy: the apps load torch, which `p2p --help` should not wait for
     from p2p.cli.main import _refuse_open_bind_without_keys, _runtime
-    from p2p.embedding_api.app import create_app as create_embedding_app
-    from p2p.ingest.app import create_app as create_ingest_app
 
     _refuse_open_bind_without_keys(settings, host)
     logging.getLogger().setLevel(settings.log_level)
@@ -240,10 +240,10 @@ def serve_both(settings: Settings, *, host: str, port: int) -> bool:
     runtime = _runtime(settings)
     servers = [
         uvicorn.Server(
-            uvicorn.Config(create_ingest_app(runtime=runtime), host=host, port=port, log_level=level)
+            uvicorn.Config(api.ingest_app(runtime=runtime), host=host, port=port, log_level=level)
         ),
         uvicorn.Server(
-            uvicorn.Config(create_embedding_app(runtime=runtime), host=host, port=port + 1, log_level=level)
+            uvicorn.Config(api.embedding_app(runtime=runtime), host=host, port=port + 1, log_level=level)
         ),
     ]
     out.print(

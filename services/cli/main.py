@@ -11,11 +11,18 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 from sqlalchemy import func, select
 
+from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.consoles import make_console
+from p2p.cli.demo_cmd import demo
+from p2p.cli.eval_retrieval_cmd import eval_retrieval
+from p2p.cli.mine_cmd import mine
+from p2p.cli.models_cmd import models_app
 from p2p.cli.progress import LineProgress, progress
+from p2p.cli.train_cmd import train_app
+from p2p.mining import remine
 from p2p.shared.db.models import BatchKind
 from p2p.shared.runtime import Runtime
-from p2p.shared.settings import Settings, get_settings
+from p2p.shared.settings import Settings
 
 app = typer.Typer(
     help="Panel2Patch: mine biomedical figures into figure/panel/region image-text pairs.",
@@ -29,6 +36,11 @@ app.add_typer(db_app, name="db")
 app.add_typer(serve_app, name="serve")
 eval_app = typer.Typer(help="Evaluate mining and retrieval.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
+app.add_typer(models_app, name="models")
+app.add_typer(train_app, name="train")
+eval_app.command("retrieval")(eval_retrieval)
+app.command("mine")(mine)
+app.command("demo")(demo)
 
 
 def _register_synth() -> None:
@@ -40,59 +52,12 @@ def _register_synth() -> None:
 _register_synth()
 
 
-def _register_models() -> None:
-    from p2p.cli.models_cmd import models_app
-
-    app.add_typer(models_app, name="models")
-
-
-_register_models()
-
-
-def _register_train() -> None:
-    from p2p.cli.train_cmd import train_app
-
-    app.add_typer(train_app, name="train")
-
-
-_register_train()
-
-
-def _register_demo() -> None:
-    from p2p.cli.demo_cmd import demo
-
-    app.command("demo")(demo)
-
-
-_register_demo()
-
-
-def _register_eval_retrieval() -> None:
-    from p2p.cli.eval_retrieval_cmd import eval_retrieval
-
-    eval_app.command("retrieval")(eval_retrieval)
-
-
-_register_eval_retrieval()
-
 console = make_console(stderr=True)
 out = make_console()
 
 
-def _settings() -> Settings:
-    try:
-        return get_settings()
-    except Exception as exc:  # pydantic's message names the variable at fault
-        console.print(f"[red]configuration error:[/red] {exc}")
-        raise typer.Exit(2) from exc
-
-
-def _runtime(settings: Settings) -> Runtime:
-    from p2p.shared.runtime import build_runtime, set_process_runtime
-
-    runtime = build_runtime(settings)
-    set_process_runtime(runtime)
-    return runtime
+_settings = settings_or_exit
+_runtime = open_runtime
 
 
 @app.callback()
@@ -253,6 +218,7 @@ def status() -> None:
                 session.scalars(select(Batch).where(~rerun).order_by(Batch.created_at.desc()).limit(10))
             )
             reruns = session.scalar(select(func.count()).select_from(Batch).where(rerun)) or 0
+            versions = remine.figures_per_version(session)
     finally:
         runtime.close()
     table = Table(title="Panel2Patch")
@@ -263,6 +229,8 @@ def status() -> None:
         table.add_row(f"  figures {figure_status}", str(count))
     for job_status, count in sorted(jobs.items()):
         table.add_row(f"  mining jobs {job_status}", str(count))
+    for backend, version, count in versions:
+        table.add_row(f"  figures mined by {backend} {version or '(no version recorded)'}", str(count))
     table.add_row("panels", str(panels))
     table.add_row("regions", str(regions))
     out.print(table)
@@ -453,9 +421,9 @@ def serve_ingest(
     port: Annotated[int | None, typer.Option(help="Port (default P2P_SERVER__PORT, 8000).")] = None,
 ) -> None:
     """Serve the ingest API (OpenAPI docs at /docs)."""
-    from p2p.ingest.app import create_app
+    from p2p.apps import api  # lazy: the apps load torch, which `p2p --help` should not wait for
 
-    _serve(create_app, host, port)
+    _serve(api.ingest_app, host, port)
 
 
 @serve_app.command("embedding-api")
@@ -466,9 +434,9 @@ def serve_embedding_api(
     ] = None,
 ) -> None:
     """Serve the embedding and retrieval API and its web viewer (at /)."""
-    from p2p.embedding_api.app import create_app
+    from p2p.apps import api  # lazy: see serve_ingest
 
-    _serve(create_app, host, port)
+    _serve(api.embedding_app, host, port)
 
 
 @eval_app.command("mining")

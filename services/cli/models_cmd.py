@@ -13,6 +13,7 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
 
+from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.consoles import make_console
 from p2p.cli.progress import progress as progress_bar
 
@@ -22,10 +23,7 @@ err = make_console(stderr=True)
 
 
 def _runtime() -> Any:
-    from p2p.cli.main import _runtime as build
-    from p2p.cli.main import _settings
-
-    return build(_settings())
+    return open_runtime(settings_or_exit())
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -45,7 +43,7 @@ def register_cmd(
 ) -> None:
     """Register a model version (its weights are loaded once to check them)."""
     from p2p.embedding_api.indexing import register
-    from p2p.embedding_api.modeling import ModelSpec, default_spec
+    from p2p.models.modeling import ModelSpec, default_spec
     from p2p.shared.errors import P2PError
 
     if name is None and architecture is None:
@@ -124,7 +122,7 @@ def activate_cmd(
 ) -> None:
     """Re-embed the corpus with a version; the space switches when it is complete."""
     from p2p.cli.ids import IdError, resolve_id
-    from p2p.embedding_api.indexing import activate
+    from p2p.models.registry import activate
     from p2p.shared.db.models import ModelStatus, ModelVersion
     from p2p.shared.errors import P2PError
 

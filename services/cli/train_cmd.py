@@ -12,6 +12,7 @@ import typer
 from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.consoles import make_console
 from p2p.cli.progress import progress
 from p2p.shared.runtime import Runtime
@@ -23,10 +24,7 @@ POLL_S = 0.5
 
 
 def _runtime() -> Runtime:
-    from p2p.cli.main import _runtime as build
-    from p2p.cli.main import _settings
-
-    return build(_settings())
+    return open_runtime(settings_or_exit())
 
 
 def _fail(message: str) -> typer.Exit:

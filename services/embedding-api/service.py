@@ -33,9 +33,9 @@ from p2p.embedding_api.schemas import (
     SearchCreate,
     SearchPublic,
 )
-from p2p.ingest.images import inspect_image
 from p2p.shared.db.models import Article, Figure, Panel, Region
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable
+from p2p.shared.images import inspect_image
 from p2p.shared.runtime import Runtime
 from p2p.shared.schemas import FigurePublic, PanelPublic, RegionPublic, crop_url
 from p2p.shared.settings import Settings
@@ -438,7 +438,11 @@ def figure_detail(session: Session, figure_id: uuid.UUID) -> FigurePublic:
     figure = session.scalars(
         select(Figure)
         .where(Figure.id == figure_id)
-        .options(selectinload(Figure.article), selectinload(Figure.panels).selectinload(Panel.regions))
+        .options(
+            selectinload(Figure.article),
+            selectinload(Figure.jobs),
+            selectinload(Figure.panels).selectinload(Panel.regions),
+        )
     ).first()
     if figure is None:
         raise NotFound(f"no figure {figure_id}")
