@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
 
@@ -98,7 +98,7 @@ def follow_reindex(runtime: Any, version_id: uuid.UUID) -> tuple[Any, dict[str, 
     columns = (
         TextColumn("re-index"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
     with progress_bar(err, *columns) as bar:
