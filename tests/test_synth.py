@@ -401,3 +401,38 @@ def test_only_bare_letters_and_numbers_are_circled(pool: list[tuple[Image.Image,
 
     circled = {gt["synth"]["label_style"] for _, gt in pool if gt["synth"]["label_decoration"] == "circled"}
     assert circled and circled <= set(CIRCLED_STYLES)
+
+
+# What each image source is called in a caption: a panel's subcaption must name its own source.
+MODALITY_WORDS = {
+    "ihc": r"Immunohistochemical|IHC",
+    "phase": r"Phase-contrast",
+    "fundus": r"fundus",
+    "fluorescence": r"Immunofluorescence|Confocal",
+    "em": r"\b(HR-)?TEM\b|\bSEM\b",
+    "ct": r"\bCT\b",
+    "mri": r"\bMR",
+    "ultrasound": r"ultrasound",
+    "blot": r"Western blot",
+    "map": r"map",
+    "photo": r"Photograph",
+}
+
+
+def test_captions_describe_the_image_source_each_panel_shows(
+    pool: list[tuple[Image.Image, dict[str, Any]]],
+) -> None:
+    for _, gt in pool:
+        shown = {p.get("modality") for p in gt["panels"] if p["type"] == "image"}
+        for p in gt["panels"]:
+            if p["type"] != "image" or p["label"] is None:
+                continue
+            words = MODALITY_WORDS[p["modality"]]
+            assert re.search(words, gt["subcaptions"][p["label"]]), (p["modality"], gt["caption"])
+        preamble = gt["subcaptions"]["preamble"]
+        if "nanostructures" in preamble:
+            assert "em" in shown
+        elif preamble and "em" in shown:
+            raise AssertionError(f"a biology preamble over electron micrographs: {gt['caption']}")
+        if "patients with" in preamble:
+            assert shown and shown <= {"ct", "mri", "ultrasound", "fundus", "ihc", "photo"}, gt["caption"]

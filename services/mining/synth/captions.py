@@ -205,6 +205,27 @@ def _panel_desc(rng: np.random.Generator, panel: PanelText, n: int = 1) -> str:
     return vocab.pick(rng, ("Summary of patient characteristics", "Baseline characteristics of the cohort"))
 
 
+def _preamble(rng: np.random.Generator, panels: list[PanelText]) -> str:
+    """A preamble template that fits what the panels show. One draw over the whole list as before,
+    then a template that does not fit is swapped for a fitting one, so captions whose preamble
+    already fit (and every later draw) are unchanged."""
+    drawn = vocab.pick(rng, vocab.PREAMBLES)
+    shown = {p.modality for p in panels if p.type == "image"}
+    fitting = [t for t in vocab.PREAMBLES if _preamble_fits(t, shown)]
+    if _preamble_fits(drawn, shown) or not fitting:
+        return drawn
+    return fitting[vocab.PREAMBLES.index(drawn) % len(fitting)]
+
+
+def _preamble_fits(template: str, shown: set[str | None]) -> bool:
+    if template == vocab.NANO_PREAMBLE:
+        return "em" in shown
+    if "em" in shown:  # electron micrographs of nanomaterials: only the nanostructure preamble
+        return False
+    clinical = vocab.CLINICAL_PREAMBLES.get(template)
+    return clinical is None or (bool(shown) and shown <= clinical)
+
+
 def _group_phrase(rng: np.random.Generator, group: str | None) -> str:
     if group == "stack":
         return vocab.pick(
@@ -288,7 +309,7 @@ def build_caption(
     want_pre = preamble if preamble is not None else bool(rng.random() < 0.75)
     pre = ""
     if want_pre or not labelled:
-        pre = vocab.pick(rng, vocab.PREAMBLES).format(
+        pre = _preamble(rng, panels).format(
             protein=vocab.pick(rng, vocab.PROTEINS),
             tissue=vocab.pick(rng, vocab.TISSUES),
             gene=vocab.pick(rng, vocab.GENES),
@@ -342,8 +363,11 @@ def build_caption(
                 fragments[-1].append(i)
                 continue
         fragments.append([i])
-    if len(order) >= 4 and all(panels[i].type == "image" for i in order) and rng.random() < 0.2:
-        fragments = [order]  # one fragment for a time series / grid: "(A-L) ..."
+    # One fragment for a time series / grid, "(A-L) ...", only when one description fits every
+    # panel: the draw is made either way so the other figures of a seed stay as they were.
+    grid = len(order) >= 4 and all(panels[i].type == "image" for i in order) and rng.random() < 0.2
+    if grid and len({panels[i].modality for i in order}) == 1:
+        fragments = [order]
 
     mentioned: set[tuple[int, str]] = set()
     frag_texts: list[str] = []

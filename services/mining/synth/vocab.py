@@ -159,6 +159,14 @@ PREAMBLES = (
     "Morphology of the synthesized nanostructures.",
 )
 
+NANO_PREAMBLE = "Morphology of the synthesized nanostructures."
+# Preambles about patients: they fit figures whose image panels are all clinical images.
+CLINICAL_PREAMBLES = {
+    "Representative findings in patients with {tissue} disease.": frozenset(
+        {"ct", "mri", "ultrasound", "fundus", "ihc", "photo"}
+    ),
+}
+
 
 def pick(rng: np.random.Generator, items: Sequence[T]) -> T:
     return items[int(rng.integers(len(items)))]
