@@ -10,7 +10,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from p2p.mining.cpu.labels import assign_labels, find_labels, normalize_label, reading_order
-from p2p.mining.cpu.segment import segment_panels
+from p2p.mining.cpu.segment import segment_figure, segment_panels
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 FONT_DIR = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
@@ -436,8 +436,8 @@ def test_ocr_reads_small_downscaled_parenthesised_labels_on_grey_images() -> Non
     """The thresholded cores of such glyphs are broken strokes: the corner search grows the group
     across both parentheses and the crop keeps the glyphs' grey edges."""
     image, panels = small_grey_labels_figure()
-    segment_panels(image)  # the label search reuses the segmenter's analysis, as in the miner
-    assert assign_labels(panels, find_labels(image, panels)) == ["c", "d", "e"]
+    analysis = segment_figure(image).analysis  # the label search reuses it, as in the miner
+    assert assign_labels(panels, find_labels(image, panels, analysis=analysis)) == ["c", "d", "e"]
 
 
 def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
@@ -472,8 +472,8 @@ def test_labels_in_one_corner_beside_overlay_text_in_another() -> None:
         draw.text((x2 - 40, 14), "x20", fill=(255, 255, 255), font=font(14))
     image = np.asarray(pil).copy()
     panels = [panel(tuple(float(v) for v in b)) for b in boxes]  # type: ignore[arg-type]
-    segment_panels(image)
-    assert assign_labels(panels, find_labels(image, panels)) == ["a", "b"]
+    analysis = segment_figure(image).analysis
+    assert assign_labels(panels, find_labels(image, panels, analysis=analysis)) == ["a", "b"]
 
 
 def test_ocr_reads_small_jpeg_labels_on_dark_discs() -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 from sqlalchemy import delete, func, select
 
+from p2p.mining.miner import Miner
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
 from p2p.shared.db.base import utcnow
@@ -61,7 +62,9 @@ def _lock_key(job_id: uuid.UUID) -> int:
     return int.from_bytes(job_id.bytes[:8], "big", signed=True)
 
 
-def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any = None) -> JobOutcome:
+def mine_job(
+    runtime: Runtime, job_id: uuid.UUID, miner: Miner, *, fallback: Miner | None = None
+) -> JobOutcome:
     """Mine one job with ``miner`` (a CpuMiner or an LvlmMiner).
 
     When the model server is unavailable the job goes back to "queued" and the error propagates
@@ -81,7 +84,7 @@ def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any =
             lock_conn.commit()
 
 
-def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any) -> JobOutcome:
+def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Miner, fallback: Miner | None) -> JobOutcome:
     from p2p.mining.lvlm.client import LvlmUnavailable
     from p2p.mining.lvlm.prompts import FigureContext
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from p2p.mining.cpu.segment import IntBox, ink_mask, recall_analysis, tight_box
+from p2p.mining.cpu.segment import Analysis, IntBox, ink_mask, tight_box
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 TOUCH = 6  # px between the left panel's right side and the plot's left side
@@ -27,15 +27,19 @@ ROW_SLACK = 6  # px the strip's ink may stand above or below the plot's rows
 
 
 def return_axis_strips(
-    image: np.ndarray, panels: Sequence[PanelCandidate], labels: Sequence[LabelDetection]
+    image: np.ndarray,
+    panels: Sequence[PanelCandidate],
+    labels: Sequence[LabelDetection],
+    *,
+    analysis: Analysis | None = None,
 ) -> list[PanelCandidate]:
     """``panels`` with each plot's y-axis text moved from the panel on its left into the plot.
-    The ``labels`` read are no content: a plot's label above its axis text bridges the gutter."""
+    The ``labels`` read are no content: a plot's label above its axis text bridges the gutter.
+    ``analysis``: the segmenter's look at this figure (its content mask)."""
     panels = list(panels)
     if len(panels) < 2:
         return panels
     rgb = np.ascontiguousarray(image[..., :3])
-    analysis = recall_analysis(image)
     if analysis is not None and analysis.ink is not None and analysis.ink.shape == rgb.shape[:2]:
         ink = analysis.ink.copy()
     else:

@@ -26,7 +26,7 @@ from p2p.mining.cpu import seam_net
 from p2p.mining.cpu.count_guided import SPLIT_CONFIDENCE
 from p2p.mining.cpu.labels import read_glyphs
 from p2p.mining.cpu.seams import IntBox, cut_parts
-from p2p.mining.cpu.segment import CornerGlyph, ink_mask, recall_analysis
+from p2p.mining.cpu.segment import Analysis, CornerGlyph, ink_mask
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import union_box
 
@@ -66,11 +66,12 @@ def split_at_labels(
     detections: Sequence[LabelDetection],
     *,
     named: Sequence[str],
+    analysis: Analysis | None = None,
 ) -> tuple[list[PanelCandidate], list[str | None], list[LabelDetection]]:
     """``panels`` with their ``labels`` (and the label ``detections``), each panel that holds the
     label of another panel the caption names (``named``, in the caption's spelling) and none of
     ``labels`` has, cut in two at it, and each that holds the label of the panel beyond it cut
-    back to it; unchanged when nothing is found."""
+    back to it; unchanged when nothing is found. ``analysis``: the segmenter's look at this figure."""
     panels, labels, detections = list(panels), list(labels), list(detections)
     have = {label.casefold() for label in labels if label}
     missing = {name.casefold(): name for name in named if name.casefold() not in have}
@@ -90,7 +91,6 @@ def split_at_labels(
         height=float(np.median([c.height for c in corners.values()])),
     )
     rgb = np.ascontiguousarray(image[..., :3])
-    analysis = recall_analysis(image)  # the segmenter's look at this figure, when it had one
     if analysis is not None and analysis.gray.shape != rgb.shape[:2]:
         analysis = None
     gray = analysis.gray if analysis else cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from p2p.mining.cpu.segment import IntBox, ink_mask, recall_analysis, tight_box
+from p2p.mining.cpu.segment import Analysis, IntBox, ink_mask, tight_box
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import area, intersection
 
@@ -40,12 +40,14 @@ def trim_labels(
     panels: list[PanelCandidate],
     labels: list[str | None],
     detections: list[LabelDetection],
+    *,
+    analysis: Analysis | None = None,
 ) -> list[PanelCandidate]:
     """``panels`` (with ``labels``, one per panel, as assigned) with the read labels printed on
     the page at a box's edge taken out of it: the panel's own label, and any other the box
     reached over (a label in the gutter below a panel heads the next one; a label OCR misread,
-    "(iii)" as "(m)", is still a label)."""
-    mask, ids, stats = _ink(image)
+    "(iii)" as "(m)", is still a label). ``analysis``: the segmenter's look at this figure."""
+    mask, ids, stats = _ink(image, analysis)
     height, width = mask.shape
     read = [(d.text.lower(), g) for d in detections if (g := _clip(d.box, width, height)) is not None]
     size = float(np.median([g[3] - g[1] for _, g in read])) if read else 0.0  # a label's height
@@ -96,10 +98,11 @@ def _unread_label(mask: np.ndarray, box: IntBox, size: float) -> IntBox | None:
     return (x1 + int(cols[0]), y1, x1 + int(cols[-1]) + 1, y1 + end)
 
 
-def _ink(image: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def _ink(
+    image: np.ndarray, analysis: Analysis | None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The ink mask, with the segmenter's component ids and stats when it analysed this image
     at full size (frame and specks removed)."""
-    analysis = recall_analysis(image)
     if analysis is not None and analysis.mask.shape == image.shape[:2]:
         return analysis.mask.astype(bool), analysis.glyphs.labels, analysis.glyphs.stats
     rgb = image if image.ndim == 3 else np.stack([image] * 3, axis=-1)

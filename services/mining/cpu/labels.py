@@ -39,13 +39,13 @@ import cv2
 import numpy as np
 
 from p2p.mining.cpu.segment import (
+    Analysis,
     CornerGlyph,
     _as_rgb,
     _label_candidates,
     _text_unit,
     corner_glyphs,
     ink_mask,
-    recall_analysis,
 )
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared import geometry
@@ -657,16 +657,19 @@ def _detector_candidates(
     return out
 
 
-def find_labels(image: np.ndarray, panels: Sequence[PanelCandidate]) -> list[LabelDetection]:
+def find_labels(
+    image: np.ndarray, panels: Sequence[PanelCandidate], *, analysis: Analysis | None = None
+) -> list[LabelDetection]:
     """Panel labels read by OCR near the panels' corners (figure pixels, exclusive boxes).
 
-    Several detections may concern one panel; ``assign_labels`` picks one per panel."""
+    Several detections may concern one panel; ``assign_labels`` picks one per panel. ``analysis``:
+    the segmenter's look at this figure (``segment_figure``), reused rather than redone."""
     rgb = _as_rgb(image)
     height, width = rgb.shape[:2]
     if not panels or height < 8 or width < 8:
         return []
     boxes = [geometry.clip(p.box, width, height) for p in panels]
-    known = recall_analysis(image)  # the segmenter has usually just looked at this figure
+    known = analysis
     if known is not None and known.mask.shape == (height, width):
         gray, glyphs, u = known.gray, known.glyphs, known.u
     else:

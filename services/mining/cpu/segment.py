@@ -43,15 +43,15 @@
    panel-sized content (stray text, caption strips) are dropped; a figure that is one panel
    yields one box, an empty one none.
 
-Optional ``labels`` (e.g. from OCR) replace step 2's guesses. The analysis of the last few figures
-is kept briefly so that ``p2p.mining.cpu.labels.find_labels`` does not redo it.
+Optional ``labels`` (e.g. from OCR) replace step 2's guesses. ``segment_figure`` also returns the
+analysis (ink, glyphs, text unit, boundary maps), which the miner hands to the label stages so that
+they do not redo it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -233,32 +233,13 @@ class Analysis:
     ink: np.ndarray | None = None
 
 
-_RECENT: list[tuple[tuple[int, ...], Analysis]] = []
-_RECENT_LOCK = threading.Lock()
-_RECENT_SIZE = 4  # a few figures in flight per process
+@dataclass
+class Segmentation:
+    """The panels found, with the analysis behind them when it was made at the figure's own size
+    (a downscaled one has other coordinates, and the later stages make their own)."""
 
-
-def _image_key(image: np.ndarray) -> tuple[int, ...]:
-    array = np.asarray(image)
-    sample = array[:: max(1, array.shape[0] // 16), :: max(1, array.shape[1] // 16)]
-    return (id(image), array.__array_interface__["data"][0], *array.shape, int(sample.sum(dtype=np.int64)))
-
-
-def _remember(image: np.ndarray, analysis: Analysis) -> None:
-    key = _image_key(image)
-    with _RECENT_LOCK:
-        _RECENT[:] = [item for item in _RECENT if item[0] != key][-(_RECENT_SIZE - 1) :]
-        _RECENT.append((key, analysis))
-
-
-def recall_analysis(image: np.ndarray) -> Analysis | None:
-    """The segmenter's analysis of this very image array, if it was segmented recently."""
-    key = _image_key(image)
-    with _RECENT_LOCK:
-        for item_key, analysis in _RECENT:
-            if item_key == key:
-                return analysis
-    return None
+    panels: list[PanelCandidate]
+    analysis: Analysis | None = None
 
 
 def _label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray, u: float) -> _Glyphs:
@@ -1223,6 +1204,17 @@ def segment_panels(
     seams: bool = True,
     named: int | None = None,
 ) -> list[PanelCandidate]:
+    """Panel boxes (``segment_figure`` without the analysis)."""
+    return segment_figure(image, labels=labels, seams=seams, named=named).panels
+
+
+def segment_figure(
+    image: np.ndarray,
+    *,
+    labels: list[LabelDetection] | None = None,
+    seams: bool = True,
+    named: int | None = None,
+) -> Segmentation:
     """Panel boxes (figure pixels, x2/y2 exclusive) with a confidence each.
 
     ``labels`` are optional known panel-label detections (figure coordinates); their glyphs are
@@ -1236,13 +1228,13 @@ def segment_panels(
     rgb = _as_rgb(image)
     height, width = rgb.shape[:2]
     if height == 0 or width == 0:
-        return []
+        return Segmentation([])
     full_mask = ink_mask(rgb)
     if not full_mask.any():
-        return []
+        return Segmentation([])
     if height < MIN_SIDE or width < MIN_SIDE:
         box = tight_box(full_mask, (0, 0, width, height))
-        return [PanelCandidate(box=_float_box(box), confidence=0.3)] if box else []
+        return Segmentation([PanelCandidate(box=_float_box(box), confidence=0.3)] if box else [])
 
     _remove_border_rules(full_mask)
     factor = max(1, math.ceil(max(height, width) / MAX_ANALYSIS_SIDE))
@@ -1270,8 +1262,6 @@ def segment_panels(
     glyphs = _label_candidates(mask_u8, cc_labels, cc_stats, u)
     gray = cv2.cvtColor(edges.rgb, cv2.COLOR_RGB2GRAY)
     analysis = Analysis(gray=gray, mask=mask_u8, glyphs=glyphs, u=u)
-    if factor == 1:
-        _remember(image, analysis)
 
     # label boxes: given, or guessed from components
     given: list[IntBox] = []
@@ -1411,7 +1401,7 @@ def segment_panels(
         box = tight_box(full_mask, (0, 0, width, height))
         if box is not None:
             results.append(PanelCandidate(box=_float_box(box), confidence=0.3))
-    return results
+    return Segmentation(results, analysis if factor == 1 else None)
 
 
 def _without_lines(panels: list[PanelCandidate]) -> list[PanelCandidate]:

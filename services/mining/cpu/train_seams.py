@@ -77,7 +77,7 @@ from p2p.mining.cpu.seams import (
     split_boxes,
     top_seam,
 )
-from p2p.mining.cpu.segment import ink_mask, recall_analysis, segment_panels
+from p2p.mining.cpu.segment import ink_mask, segment_figure
 from p2p.shared import geometry
 
 TOLERANCE = 2  # px: a line this close to both panels' edges still separates them
@@ -148,9 +148,9 @@ def _figures(data: Path, seeds: list[int], per_seed: int) -> list[tuple[Path, di
 
 def _rule_boxes(image: np.ndarray) -> tuple[list[IntBox], float]:
     """The rules' boxes and the figure's text unit (as the segmenter measured it)."""
-    panels = segment_panels(image, seams=False)
-    analysis = recall_analysis(image)
-    boxes = [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in panels]
+    segmentation = segment_figure(image, seams=False)
+    analysis = segmentation.analysis
+    boxes = [(int(p.box[0]), int(p.box[1]), int(p.box[2]), int(p.box[3])) for p in segmentation.panels]
     return boxes, analysis.u if analysis is not None else 10.0
 
 

@@ -84,7 +84,9 @@ class LvlmMiner:
         self.settings = settings
         self.cpu = cpu if cpu is not None else CpuMiner()
         self.params = LvlmParams(self.cpu.params, settings)
-        self.version = f"{BACKEND_VERSION}-{settings.mode}"
+        # the CPU miner proposes (hybrid) and stands in (paper): its version is part of this one
+        self.version = f"{BACKEND_VERSION}-{settings.mode}+{self.cpu.version}"
+        self.params_name = self.cpu.params_name
         tags = prompt_versions()
         self.prompt_version = (
             "prompts-" + hashlib.sha256(repr(sorted(tags.items())).encode()).hexdigest()[:12]
