@@ -79,9 +79,7 @@ def test_the_miner_hands_the_axis_text_back(monkeypatch: pytest.MonkeyPatch) -> 
     from p2p.mining.cpu.segment import Segmentation
     from p2p.mining.pipeline import CpuMiner
 
-    monkeypatch.setattr(
-        "p2p.mining.pipeline.segment_figure", lambda image, named=None: Segmentation(_as_found())
-    )
+    monkeypatch.setattr("p2p.mining.pipeline.segment_figure", lambda image, **_: Segmentation(_as_found()))
     result = CpuMiner(load_text_encoder=False).mine(_figure(), "A picture and a plot.")
     assert [p.box[0] for p in result.panels] == [10.0, pytest.approx(STRIP[0], abs=1)]
     assert result.panels[0].box[2] == 250.0

@@ -11,6 +11,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from p2p.mining.cpu.labels import assign_labels, find_labels, normalize_label, reading_order
 from p2p.mining.cpu.segment import segment_figure, segment_panels
+from p2p.mining.params import load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 FONT_DIR = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
@@ -237,12 +238,12 @@ def test_second_look_reads_other_preparations_in_the_figures_style() -> None:
     ]
     first = [*clear, (3, detection("1", (150.0, 10.0, 170.0, 22.0), 0.9))]
     engine = Recogniser()
-    got = labels_module._second_look(engine, gray, [cand], first)  # type: ignore[arg-type]
+    got = labels_module._second_look(engine, gray, [cand], first, load_params().labels)  # type: ignore[arg-type]
     assert engine.calls == 1
     assert sorted(d.text for _, d in got) == ["1a", "1b", "1c", "1d"]
     # a figure without two clear readings to tell its style is not read again
     engine = Recogniser()
-    assert labels_module._second_look(engine, gray, [cand], first[3:]) == first[3:]  # type: ignore[arg-type]
+    assert labels_module._second_look(engine, gray, [cand], first[3:], load_params().labels) == first[3:]  # type: ignore[arg-type]
     assert engine.calls == 0
 
 
@@ -538,7 +539,7 @@ def test_readings_exactly_at_their_ranks_outweigh_confusions_in_choosing_the_ord
     orders = [[0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 6, 2, 3, 7, 4, 5, 8]]
     texts = {0: "i", 6: "iii", 3: "V", 2: "1", 1: "ii", 8: "X", 5: "V", 7: "I", 4: "i"}
     confidence = {0: 0.85, 6: 0.45, 3: 0.85, 2: 0.09, 1: 0.4, 8: 0.7, 5: 0.19, 7: 0.25, 4: 0.53}
-    got = _repair_sequence(orders, texts, confidence)
+    got = _repair_sequence(orders, texts, confidence, load_params().labels.strong_score)
     assert got == {0: "i", 1: "ii", 6: "iii", 2: "iv", 3: "v", 8: "ix"}
 
 
@@ -629,7 +630,8 @@ def test_a_thin_letter_between_parentheses_is_read_alone(text: str, name: str) -
     pil = Image.new("L", (140, 60), 255)
     ImageDraw.Draw(pil).text((5, 3), text, font=font(28, name), fill=0)
     crop = recogniser_input(pil)
-    [(_, det)] = _read(_engine(), [_Candidate(box=(5, 3, 50, 35), crop=crop, panel=0, prior=0.9)])
+    candidate = _Candidate(box=(5, 3, 50, 35), crop=crop, panel=0, prior=0.9)
+    [(_, det)] = _read(_engine(), [candidate], load_params().labels.min_score)
     assert (det.text, det.raw) == (text[1], text)
 
 
@@ -646,12 +648,12 @@ def test_thin_letters_are_no_parentheses() -> None:
 def test_a_lone_capital_i_scores_as_a_thin_stroke(size: int) -> None:
     """The recogniser splits a lone stroke's probability among "I", "l", "1" and "|": the score
     of the reading is that of the shape, which the series settles."""
-    from p2p.mining.cpu.labels import STRONG_SCORE, _engine
+    from p2p.mining.cpu.labels import _engine
 
     pil = Image.new("L", (80, 60), 255)
     ImageDraw.Draw(pil).text((5, 3), "I", font=font(size), fill=0)
     [(text, score)] = _engine().read([recogniser_input(pil)])
-    assert text == "I" and score >= STRONG_SCORE
+    assert text == "I" and score >= load_params().labels.strong_score
 
 
 def test_a_lone_stroke_where_the_series_expects_another_letter_gives_way() -> None:

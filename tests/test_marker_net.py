@@ -31,7 +31,10 @@ from p2p.mining.cpu.marker_net import (
     save_weights,
 )
 from p2p.mining.cpu.markers import FUSION_FEATURES, detect_markers
+from p2p.mining.params import load_params
 from tests.helpers import run_module
+
+MP = load_params().markers  # the shipped fusion levels
 
 MARKERS: list[dict[str, Any]] = [
     {
@@ -362,11 +365,11 @@ def test_the_miner_loads_the_fusion_model_at_start():
 
 def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the_levels_drop():
     """The hand-set fusion's choice stands but where the fusion model is sure: a marker kept on
-    the network's word goes below ``_VETO``, one the levels drop comes back at ``_RESCUE``; a
+    the network's word goes below ``veto``, one the levels drop comes back at ``rescue``; a
     rule-based marker the rules are sure of stays. One marker per glyph, the levels' first."""
     from dataclasses import replace
 
-    from p2p.mining.cpu.markers import _RESCUE, _VETO, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     sure = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
@@ -380,17 +383,17 @@ def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the
     assert _hand([sure, middling], net, (200, 300)) == [sure, middling, strong]
 
     def chosen(*p: float) -> list:
-        return _choose(found, cands, np.array(p))
+        return _choose(found, cands, np.array(p), MP)
 
     assert chosen(0.5, 0.5, 0.5, 0.5, 0.5) == [sure, middling, strong]
-    low = _VETO - 0.01
+    low = MP.veto - 0.01
     assert chosen(low, low, 0.3, low, 0.3) == [sure]  # vetoed: the middling star and the network's box
-    assert chosen(low, low, 0.3, low, _RESCUE) == [sure, weak]  # rescued: the weak peak
+    assert chosen(low, low, 0.3, low, MP.rescue) == [sure, weak]  # rescued: the weak peak
     # Rescued, but on the glyph of a kept marker: one marker.
-    assert chosen(0.5, 0.5, _RESCUE, 0.5, 0.5) == [sure, middling, strong]
+    assert chosen(0.5, 0.5, MP.rescue, 0.5, 0.5) == [sure, middling, strong]
     # A marker only the enlarged copy shows is the network's word too.
     found.rules[0] = enlarged = replace(sure, enlarged=True)
-    assert _choose(found, [enlarged, middling, *net], np.array([low, 0.5, 0.5, 0.5, 0.5])) == [
+    assert _choose(found, [enlarged, middling, *net], np.array([low, 0.5, 0.5, 0.5, 0.5]), MP) == [
         middling,
         strong,
     ]
@@ -399,14 +402,14 @@ def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the
 def test_a_rescued_candidate_needs_room_and_no_crowd_of_its_kind():
     """The model's rescue adds a candidate as the levels add the network's: not where a chosen
     marker explains it (ahead of an arrow's tip) and not among a crowd of peaks of its kind."""
-    from p2p.mining.cpu.markers import _NET_CROWD, _RESCUE, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 400, 3), 128, np.uint8))
     arrow = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
     ahead = _Cand("arrowhead", (66, 40, 76, 50), (71.0, 45.0), 0.2, region=(71.0, 40.0, 90.0, 55.0))
     alone = _Cand("arrowhead", (300, 150, 310, 160), (305.0, 155.0), 0.2, region=(305.0, 150.0, 325.0, 170.0))
     found = _Found(panel, panel, [arrow], [ahead, alone], None)
-    chosen = _choose(found, [arrow, ahead, alone], np.array([0.9, _RESCUE, _RESCUE]))
+    chosen = _choose(found, [arrow, ahead, alone], np.array([0.9, MP.rescue, MP.rescue]), MP)
     assert chosen == [arrow, alone]
 
     def star(i: int, score: float) -> _Cand:
@@ -416,11 +419,11 @@ def test_a_rescued_candidate_needs_room_and_no_crowd_of_its_kind():
         )
 
     weak = star(0, 0.2)
-    for n, expected in ((_NET_CROWD, [weak]), (_NET_CROWD + 1, [])):
+    for n, expected in ((MP.net_crowd, [weak]), (MP.net_crowd + 1, [])):
         net = [weak] + [star(i + 1, 0.6) for i in range(n)]
         found = _Found(panel, panel, [], net, None)
-        probability = np.array([_RESCUE] + [0.0] * n)  # the strong stars vetoed, the weak one rescued
-        assert _choose(found, net, probability) == expected
+        probability = np.array([MP.rescue] + [0.0] * n)  # the strong stars vetoed, the weak one rescued
+        assert _choose(found, net, probability, MP) == expected
 
 
 def test_fusion_features_measure_the_candidates_against_the_network(monkeypatch):
@@ -464,7 +467,7 @@ def test_detection_asks_the_fusion_model(monkeypatch):
     monkeypatch.setattr(marker_net, "run_net", lambda net, rgb: _as_output([asterisk], 128, 160))
     monkeypatch.setattr(marker_net, "shipped_net", lambda: None)
     monkeypatch.setattr(
-        markers_module, "_rule_cands", lambda panel, glyphs_only=False: [] if glyphs_only else [arrow]
+        markers_module, "_rule_cands", lambda panel, params, glyphs_only=False: [] if glyphs_only else [arrow]
     )
     figure = np.full((128, 160, 3), 128, np.uint8)
     monkeypatch.setattr(marker_net, "shipped_fusion", lambda: _stump("heat_own", 0.5))
@@ -519,7 +522,7 @@ def _hand(rules: list, net: list, size: tuple[int, int]) -> list:
 
     panel = _Panel(np.full((*size, 3), 128, np.uint8))
     found = _Found(panel, panel, rules, net, None)
-    return [(rules + net)[i] for i in _hand_fusion(found)]
+    return [(rules + net)[i] for i in _hand_fusion(found, MP)]
 
 
 def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones():
@@ -566,10 +569,10 @@ def test_a_crowd_of_network_peaks_of_one_kind_is_texture():
             "star", (int(x) - 4, 96, int(x) + 4, 104), (x, 100.0), 0.6, region=(x - 8, 92.0, x + 8, 108.0)
         )
 
-    few = [star(i) for i in range(markers_module._NET_CROWD)]
+    few = [star(i) for i in range(MP.net_crowd)]
     net = few
     assert _hand([], net, size) == few
-    many = [star(i) for i in range(markers_module._NET_CROWD + 1)]
+    many = [star(i) for i in range(MP.net_crowd + 1)]
     net = many
     assert _hand([], net, size) == []
 
@@ -629,7 +632,7 @@ def test_a_network_box_of_middling_score_is_a_marker():
 def test_two_peaks_on_one_glyph_count_once_towards_a_crowd():
     """The network often peaks at both ends of an arrow: three arrows with two peaks each are
     three markers, not a crowd of six."""
-    from p2p.mining.cpu.markers import _NET_CROWD_KIND, _Cand
+    from p2p.mining.cpu.markers import _Cand
 
     size = (200, 600)
 
@@ -646,7 +649,7 @@ def test_two_peaks_on_one_glyph_count_once_towards_a_crowd():
 
     arrows = [peak(i, 30.0) for i in range(3)]
     tails = [peak(i, 0.0) for i in range(3)]
-    assert len(arrows + tails) > _NET_CROWD_KIND["arrow"]
+    assert len(arrows + tails) > MP.net_crowd_kind["arrow"]
     net = arrows + tails
     assert _hand([], net, size) == arrows
 
@@ -655,7 +658,7 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     """A zoom-in has a source region: when the panel's chosen markers have an inset and no box,
     the most probable weak box peak outside the inset is reported; without an inset it is not,
     nor is a box peak on the inset itself."""
-    from p2p.mining.cpu.markers import _RESCUE_KIND, _SOURCE_BOX, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers import _SOURCE_BOX, _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     inset = _Cand("inset", (200, 0, 300, 80), (250.0, 40.0), 0.9, region=(200.0, 0.0, 300.0, 80.0))
@@ -673,22 +676,25 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     on_inset = box(240, 30, 0.28)
     net = [likely, unlikely, faint, on_inset]
     # All below the boxes' rescue level; the faint one and the one on the inset likelier.
-    level = _RESCUE_KIND["box"]
+    level = MP.rescue_kind["box"]
     probability = np.array([0.9, level - 0.1, level - 0.25, level - 0.02, level - 0.05])
-    assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability) == [inset, likely]
-    assert _choose(_Found(panel, panel, [], net, None), net, probability[1:]) == []
+    assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability, MP) == [
+        inset,
+        likely,
+    ]
+    assert _choose(_Found(panel, panel, [], net, None), net, probability[1:], MP) == []
 
 
 def test_symbols_are_rescued_at_a_lower_probability_than_pointing_markers():
-    from p2p.mining.cpu.markers import _RESCUE, _RESCUE_KIND, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     star = _Cand("star", (40, 40, 48, 48), (44.0, 44.0), 0.2, region=(34.0, 34.0, 54.0, 54.0))
     head = _Cand("arrowhead", (200, 150, 210, 160), (208.0, 158.0), 0.2, region=(208.0, 150.0, 228.0, 170.0))
-    middling = _RESCUE_KIND["star"] + 0.05
-    assert middling < _RESCUE
+    middling = MP.rescue_kind["star"] + 0.05
+    assert middling < MP.rescue
     net = [star, head]
-    assert _choose(_Found(panel, panel, [], net, None), net, np.array([middling, middling])) == [star]
+    assert _choose(_Found(panel, panel, [], net, None), net, np.array([middling, middling]), MP) == [star]
 
 
 def test_stars_and_boxes_are_rescued_below_the_symbols_level_and_arrows_are_not():
@@ -702,8 +708,8 @@ def test_stars_and_boxes_are_rescued_below_the_symbols_level_and_arrows_are_not(
     head = _Cand("arrowhead", (200, 150, 210, 160), (208.0, 158.0), 0.2, region=(208.0, 150.0, 228.0, 170.0))
     net = [star, box, head]
     found = _Found(panel, panel, [], net, None)
-    assert _choose(found, net, np.array([0.45, 0.55, 0.55])) == [box, star]
-    assert _choose(found, net, np.array([0.35, 0.25, 0.75])) == []
+    assert _choose(found, net, np.array([0.45, 0.55, 0.55]), MP) == [box, star]
+    assert _choose(found, net, np.array([0.35, 0.25, 0.75]), MP) == []
 
 
 def test_a_blend_averages_the_log_odds_of_a_model_fitted_before_features_were_appended():
@@ -757,9 +763,9 @@ def test_fusion_features_tell_a_drawn_glyph_from_a_faint_blob_of_the_panels_hue(
 
 
 def test_a_faint_network_asterisk_is_kept_only_where_the_model_is_fairly_sure():
-    """The levels keep asterisk peaks from 0.2; those under ``_WEAK_PEAK`` need the model's
-    ``_WEAK_VETO``, where a stronger peak needs only ``_VETO``."""
-    from p2p.mining.cpu.markers import _VETO, _WEAK_PEAK, _WEAK_VETO, _Cand, _choose, _Found, _Panel
+    """The levels keep asterisk peaks from 0.2; those under ``MP.weak_peak`` need the model's
+    ``weak_veto``, where a stronger peak needs only ``veto``."""
+    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
 
@@ -773,8 +779,8 @@ def test_a_faint_network_asterisk_is_kept_only_where_the_model_is_fairly_sure():
         )
 
     faint, strong = asterisk(60.0, 0.25), asterisk(200.0, 0.35)
-    assert faint.score < _WEAK_PEAK <= strong.score and _VETO < _WEAK_VETO
+    assert faint.score < MP.weak_peak <= strong.score and MP.veto < MP.weak_veto
     found = _Found(panel, panel, [], [faint, strong], None)
-    between = (_VETO + _WEAK_VETO) / 2
-    assert _choose(found, [faint, strong], np.array([between, between])) == [strong]
-    assert _choose(found, [faint, strong], np.array([_WEAK_VETO, between])) == [faint, strong]
+    between = (MP.veto + MP.weak_veto) / 2
+    assert _choose(found, [faint, strong], np.array([between, between]), MP) == [strong]
+    assert _choose(found, [faint, strong], np.array([MP.weak_veto, between]), MP) == [faint, strong]

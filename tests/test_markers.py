@@ -14,6 +14,7 @@ from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter
 
 from p2p.mining.cpu.markers import detect_markers
+from p2p.mining.params import load_params
 from p2p.mining.types import Marker
 from p2p.shared.geometry import contains_point
 
@@ -428,7 +429,7 @@ def test_enlarged_copy_adds_small_glyphs_only_in_figure_pixels(monkeypatch):
 
     native_star = _Cand("star", (10, 10, 20, 20), (14.5, 14.5), 0.9, size=10.0)
 
-    def fake_rules(panel, glyphs_only=False):
+    def fake_rules(panel, params, glyphs_only=False):
         if panel.w == 150:  # native scale
             assert not glyphs_only
             return [native_star]
@@ -460,8 +461,8 @@ def test_glyph_only_pass_reports_no_outlines():
         d.rectangle([180, 60, 280, 160], outline=COLOURS["yellow"], width=2)
 
     panel = _Panel(panel_image(draw, seed=11))
-    assert {c.kind for c in _rule_cands(panel)} >= {"arrow", "box"}
-    assert {c.kind for c in _rule_cands(panel, glyphs_only=True)} == {"arrow"}
+    assert {c.kind for c in _rule_cands(panel, load_params().markers)} >= {"arrow", "box"}
+    assert {c.kind for c in _rule_cands(panel, load_params().markers, glyphs_only=True)} == {"arrow"}
 
 
 def test_a_network_arrow_facing_its_tail_is_turned_round():

@@ -27,7 +27,7 @@ UNSEEN = 7_300_000
 
 
 def test_shipped_model_is_small_json_and_loads() -> None:
-    ref = resources.files("p2p.mining.cpu").joinpath(MODEL_FILE)
+    ref = resources.files("p2p.mining.artifacts").joinpath(MODEL_FILE)
     text = ref.read_text(encoding="utf-8")
     assert len(text.encode()) < 1_000_000
     model = json.loads(text)

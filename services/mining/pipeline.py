@@ -17,7 +17,7 @@ import numpy as np
 from p2p.mining.captions import find_marker_mentions, split_caption
 from p2p.mining.cpu.axis_strips import return_axis_strips
 from p2p.mining.cpu.context import Stage, StageContext, check_order
-from p2p.mining.cpu.count_guided import SPLIT_CONFIDENCE, join_unlabelled
+from p2p.mining.cpu.count_guided import join_unlabelled
 from p2p.mining.cpu.label_split import split_at_labels
 from p2p.mining.cpu.label_trim import trim_labels
 from p2p.mining.cpu.labels import assign_labels, find_labels, reading_order, warm_up
@@ -29,31 +29,27 @@ from p2p.mining.cpu.seam_net import shipped_net as shipped_seam_net
 from p2p.mining.cpu.seams import default_model as seam_model
 from p2p.mining.cpu.segment import segment_figure
 from p2p.mining.label_repair import repair_with_caption
+from p2p.mining.params import (
+    AxisStripParams,
+    CountParams,
+    CpuParams,
+    LabelParams,
+    LabelSplitParams,
+    LabelTrimParams,
+    MarkerParams,
+    PostprocessParams,
+    RegionParams,
+    load_params,
+)
 from p2p.mining.postprocess import TextEncoder, postprocess
 from p2p.mining.regions import fuse_regions
 from p2p.mining.types import FigureContext, MinedPanel, MiningResult, PanelCandidate
+from p2p.mining.version import cpu_version
 from p2p.shared import geometry
 
 log = logging.getLogger(__name__)
 
 BACKEND = "cpu"
-BACKEND_VERSION = "cpu-1"
-
-
-@dataclass(frozen=True)
-class CpuMinerParams:
-    tau: float = 0.15  # caption-box gate: normalised distance to a marker centre
-    nms_iou: float = 0.7
-    merge_cosine: float = 0.9
-    max_side: int = 4000  # figures are mined at most this large (longest side), boxes mapped back
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "tau": self.tau,
-            "nms_iou": self.nms_iou,
-            "merge_cosine": self.merge_cosine,
-            "max_side": self.max_side,
-        }
 
 
 class CpuMiner:
@@ -61,18 +57,18 @@ class CpuMiner:
     own ``StageContext``; nothing is kept between figures)."""
 
     backend = BACKEND
-    version = BACKEND_VERSION
-    params_name = "cpu-1.json"
     prompt_version: str | None = None
 
     def __init__(
         self,
-        params: CpuMinerParams | None = None,
+        params: CpuParams | None = None,
         *,
         text_encoder: TextEncoder | None = None,
         load_text_encoder: bool = True,
     ) -> None:
-        self.params = params or CpuMinerParams()
+        self.params = params or load_params()
+        self.params_name = self.params.name
+        self.version = cpu_version(self.params)
         self._text_encoder = text_encoder
         self._encoder_lock = threading.Lock()
         self.panel_types = default_classifier()
@@ -151,19 +147,19 @@ def in_reading_order(
 
 
 def _join_pieces(
-    candidates: list[PanelCandidate], labels: list[str | None], named: list[str]
+    candidates: list[PanelCandidate], labels: list[str | None], named: list[str], params: CountParams
 ) -> tuple[list[PanelCandidate], list[str | None]]:
     """Pieces without a label joined to the labelled panels beside them, when every label the
     caption names is on a panel already (``count_guided.join_unlabelled``)."""
     boxes = [(int(c.box[0]), int(c.box[1]), int(c.box[2]), int(c.box[3])) for c in candidates]
-    joined, joined_labels = join_unlabelled(boxes, labels, named)
+    joined, joined_labels = join_unlabelled(boxes, labels, named, params=params)
     if len(joined) == len(boxes):
         return candidates, labels
     confidence = {b: c.confidence for b, c in zip(boxes, candidates, strict=True)}
     panels = [
         PanelCandidate(
             box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])),
-            confidence=confidence.get(b, SPLIT_CONFIDENCE),
+            confidence=confidence.get(b, params.split_confidence),
         )
         for b in joined
     ]
@@ -204,36 +200,79 @@ def _named(ctx: StageContext) -> None:
     ctx.named = split_caption(ctx.caption).labels_in_order
 
 
-def _segment(ctx: StageContext) -> None:
-    segmentation = segment_figure(ctx.image, named=len(ctx.named) or None)
-    ctx.candidates, ctx.analysis = segmentation.panels, segmentation.analysis
-    if not ctx.candidates:
-        ctx.notes.append("no panels found: the whole figure is one panel")
-        box = (0.0, 0.0, float(ctx.width), float(ctx.height))
-        ctx.candidates = [PanelCandidate(box=box, confidence=0.3)]
+@dataclass(frozen=True)
+class _SegmentStage:
+    params: CpuParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        p = self.params
+        segmentation = segment_figure(
+            ctx.image,
+            named=len(ctx.named) or None,
+            params=p.segment,
+            seam_params=p.seams,
+            count_params=p.count_guided,
+        )
+        ctx.candidates, ctx.analysis = segmentation.panels, segmentation.analysis
+        if not ctx.candidates:
+            ctx.notes.append("no panels found: the whole figure is one panel")
+            box = (0.0, 0.0, float(ctx.width), float(ctx.height))
+            ctx.candidates = [PanelCandidate(box=box, confidence=0.3)]
 
 
-def _read_labels(ctx: StageContext) -> None:
-    ctx.detections = find_labels(ctx.image, ctx.candidates, analysis=ctx.analysis)
-    ctx.labels = assign_labels(ctx.candidates, ctx.detections)
+@dataclass(frozen=True)
+class _LabelStage:
+    params: LabelParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.detections = find_labels(ctx.image, ctx.candidates, analysis=ctx.analysis, params=self.params)
+        ctx.labels = assign_labels(ctx.candidates, ctx.detections, params=self.params)
 
 
-def _split_at_labels(ctx: StageContext) -> None:
-    ctx.candidates, ctx.labels, ctx.detections = split_at_labels(
-        ctx.image, ctx.candidates, ctx.labels, ctx.detections, named=ctx.named, analysis=ctx.analysis
-    )
+@dataclass(frozen=True)
+class _SplitAtLabelsStage:
+    params: LabelSplitParams
+    split_confidence: float
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.candidates, ctx.labels, ctx.detections = split_at_labels(
+            ctx.image,
+            ctx.candidates,
+            ctx.labels,
+            ctx.detections,
+            named=ctx.named,
+            analysis=ctx.analysis,
+            params=self.params,
+            split_confidence=self.split_confidence,
+        )
 
 
-def _join_unlabelled(ctx: StageContext) -> None:
-    ctx.candidates, ctx.labels = _join_pieces(ctx.candidates, ctx.labels, ctx.named)
+@dataclass(frozen=True)
+class _JoinUnlabelledStage:
+    params: CountParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.candidates, ctx.labels = _join_pieces(ctx.candidates, ctx.labels, ctx.named, self.params)
 
 
-def _trim_labels(ctx: StageContext) -> None:
-    ctx.candidates = trim_labels(ctx.image, ctx.candidates, ctx.labels, ctx.detections, analysis=ctx.analysis)
+@dataclass(frozen=True)
+class _TrimLabelsStage:
+    params: LabelTrimParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.candidates = trim_labels(
+            ctx.image, ctx.candidates, ctx.labels, ctx.detections, analysis=ctx.analysis, params=self.params
+        )
 
 
-def _axis_strips(ctx: StageContext) -> None:
-    ctx.candidates = return_axis_strips(ctx.image, ctx.candidates, ctx.detections, analysis=ctx.analysis)
+@dataclass(frozen=True)
+class _AxisStripStage:
+    params: AxisStripParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.candidates = return_axis_strips(
+            ctx.image, ctx.candidates, ctx.detections, analysis=ctx.analysis, params=self.params
+        )
 
 
 def _reading_order(ctx: StageContext) -> None:
@@ -297,14 +336,23 @@ def _subcaptions(ctx: StageContext) -> None:
         )
 
 
-def _markers(ctx: StageContext) -> None:
+@dataclass(frozen=True)
+class _MarkerStage:
     """Markers on the photographic panels (a label's own frame is no marker)."""
-    label_boxes = ctx.label_boxes.values()
-    ctx.markers_by_panel = {
-        index: [m for m in detect_markers(ctx.image, panel.box) if not _on_label(m.glyph_box, label_boxes)]
-        for index, panel in enumerate(ctx.panels)
-        if panel.figure_type == "image"
-    }
+
+    params: MarkerParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        label_boxes = ctx.label_boxes.values()
+        ctx.markers_by_panel = {
+            index: [
+                m
+                for m in detect_markers(ctx.image, panel.box, params=self.params)
+                if not _on_label(m.glyph_box, label_boxes)
+            ]
+            for index, panel in enumerate(ctx.panels)
+            if panel.figure_type == "image"
+        }
 
 
 def _marker_notes(ctx: StageContext) -> None:
@@ -315,7 +363,7 @@ def _marker_notes(ctx: StageContext) -> None:
 
 @dataclass(frozen=True)
 class _RegionStage:
-    tau: float
+    params: RegionParams
 
     def __call__(self, ctx: StageContext) -> None:
         assert ctx.split is not None
@@ -323,7 +371,7 @@ class _RegionStage:
         for index, found in ctx.markers_by_panel.items():
             panel = ctx.panels[index]
             fragments = ctx.split.marker_fragments.get(panel.label or "", []) if panel.label else []
-            fused = fuse_regions(found, [], panel_box=panel.box, tau=self.tau, fragments=fragments)
+            fused = fuse_regions(found, [], panel_box=panel.box, tau=self.params.tau, fragments=fragments)
             for region in fused:
                 region.panel_index = index
             ctx.regions.extend(fused)
@@ -343,12 +391,13 @@ class _PanelTypeStage:
 
 @dataclass(frozen=True)
 class _PostprocessStage:
-    miner: CpuMiner
+    params: PostprocessParams
+    miner: CpuMiner  # its text encoder, loaded when first needed
 
     def __call__(self, ctx: StageContext) -> None:
         if not ctx.regions:
             return
-        params = self.miner.params
+        params = self.params
         ctx.regions = postprocess(
             ctx.regions,
             image_width=ctx.width,
@@ -360,34 +409,36 @@ class _PostprocessStage:
 
 
 def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
-    """The CPU miner's stages in order. ``panels_*`` stages move panel boxes after segmentation."""
+    """The CPU miner's stages in order, each with its own parameters (``miner.params``).
+    ``panels_*`` stages move panel boxes after segmentation."""
+    p = miner.params
     stages = (
         Stage("caption_names", ("caption",), ("named",), _named),
-        Stage("segment", ("image", "named"), ("candidates", "analysis"), _segment),
-        Stage("labels", ("image", "candidates", "analysis"), ("detections", "labels"), _read_labels),
+        Stage("segment", ("image", "named"), ("candidates", "analysis"), _SegmentStage(p)),
+        Stage("labels", ("image", "candidates", "analysis"), ("detections", "labels"), _LabelStage(p.labels)),
         Stage(
             "panels_split_at_labels",
             ("image", "candidates", "labels", "detections", "named", "analysis"),
             ("candidates", "labels", "detections"),
-            _split_at_labels,
+            _SplitAtLabelsStage(p.label_split, p.count_guided.split_confidence),
         ),
         Stage(
             "panels_join_unlabelled",
             ("candidates", "labels", "named"),
             ("candidates", "labels"),
-            _join_unlabelled,
+            _JoinUnlabelledStage(p.count_guided),
         ),
         Stage(
             "panels_trim_labels",
             ("image", "candidates", "labels", "detections", "analysis"),
             ("candidates",),
-            _trim_labels,
+            _TrimLabelsStage(p.label_trim),
         ),
         Stage(
             "panels_axis_strips",
             ("image", "candidates", "detections", "analysis"),
             ("candidates",),
-            _axis_strips,
+            _AxisStripStage(p.axis_strips),
         ),
         Stage("reading_order", ("candidates", "labels"), ("candidates", "labels"), _reading_order),
         Stage("captions", ("caption", "candidates", "labels"), ("labels", "split"), _caption_labels),
@@ -403,12 +454,10 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
             ("panels",),
             _subcaptions,
         ),
-        Stage("markers", ("image", "panels", "detections"), ("markers_by_panel",), _markers),
-        Stage(
-            "regions", ("panels", "markers_by_panel", "split"), ("regions",), _RegionStage(miner.params.tau)
-        ),
+        Stage("markers", ("image", "panels", "detections"), ("markers_by_panel",), _MarkerStage(p.markers)),
+        Stage("regions", ("panels", "markers_by_panel", "split"), ("regions",), _RegionStage(p.regions)),
         Stage("marker_notes", ("panels", "markers_by_panel", "split"), ("panels",), _marker_notes),
-        Stage("postprocess", ("regions",), ("regions",), _PostprocessStage(miner)),
+        Stage("postprocess", ("regions",), ("regions",), _PostprocessStage(p.postprocess, miner)),
     )
     check_order(stages)
     return stages

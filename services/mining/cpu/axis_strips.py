@@ -16,14 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from p2p.mining.cpu.segment import Analysis, IntBox, ink_mask, tight_box
+from p2p.mining.params import AxisStripParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
-
-TOUCH = 6  # px between the left panel's right side and the plot's left side
-AXIS_WIDTH = 10  # px: the plot's axis line lies within this of its left side (ticks stick out)
-AXIS_SHARE = 0.6  # of the plot's height the axis line runs down
-MIN_GAP = 3  # blank columns between the panel's own content and the strip
-MAX_STRIP = 0.3  # of the left panel's width
-ROW_SLACK = 6  # px the strip's ink may stand above or below the plot's rows
 
 
 def return_axis_strips(
@@ -32,10 +26,12 @@ def return_axis_strips(
     labels: Sequence[LabelDetection],
     *,
     analysis: Analysis | None = None,
+    params: AxisStripParams | None = None,
 ) -> list[PanelCandidate]:
     """``panels`` with each plot's y-axis text moved from the panel on its left into the plot.
     The ``labels`` read are no content: a plot's label above its axis text bridges the gutter.
     ``analysis``: the segmenter's look at this figure (its content mask)."""
+    p = params or load_params().axis_strips
     panels = list(panels)
     if len(panels) < 2:
         return panels
@@ -49,12 +45,12 @@ def return_axis_strips(
         ink[max(0, ly1) : ly2, max(0, lx1) : lx2] = False
     boxes = [_int_box(p.box) for p in panels]
     for j, plot in enumerate(boxes):
-        if not _axis_line(ink, plot):
+        if not _axis_line(ink, plot, p):
             continue
         for i, left in enumerate(boxes):
-            if i == j or not 0 <= plot[0] - left[2] <= TOUCH or not _rows_shared(left, plot):
+            if i == j or not 0 <= plot[0] - left[2] <= p.touch or not _rows_shared(left, plot):
                 continue
-            moved = _strip(ink, left, plot)
+            moved = _strip(ink, left, plot, p)
             if moved is None:
                 continue
             boxes[i], boxes[j] = moved
@@ -64,14 +60,14 @@ def return_axis_strips(
     return panels
 
 
-def _axis_line(ink: np.ndarray, box: IntBox) -> bool:
+def _axis_line(ink: np.ndarray, box: IntBox, p: AxisStripParams) -> bool:
     """A line of ink runs down most of the box at its left side (a plot's y axis: thin, often
     grey once JPEG has blurred it, so ink rather than dark)."""
     x1, y1, x2, y2 = box
-    band = ink[y1:y2, x1 : min(x2, x1 + AXIS_WIDTH)]
+    band = ink[y1:y2, x1 : min(x2, x1 + p.axis_width)]
     if band.size == 0 or y2 - y1 < 8:
         return False
-    return bool((band.sum(axis=0) >= AXIS_SHARE * (y2 - y1)).any())
+    return bool((band.sum(axis=0) >= p.axis_share * (y2 - y1)).any())
 
 
 def _rows_shared(left: IntBox, plot: IntBox) -> bool:
@@ -79,13 +75,13 @@ def _rows_shared(left: IntBox, plot: IntBox) -> bool:
     return shared >= 0.5 * (plot[3] - plot[1])
 
 
-def _strip(ink: np.ndarray, left: IntBox, plot: IntBox) -> tuple[IntBox, IntBox] | None:
+def _strip(ink: np.ndarray, left: IntBox, plot: IntBox, p: AxisStripParams) -> tuple[IntBox, IntBox] | None:
     """(the left panel without the strip, the plot with it), or None when the left panel ends
     in no such strip: blank columns before it, its ink within the plot's rows."""
     x1, y1, x2, y2 = left
     columns: np.ndarray = np.asarray(ink[y1:y2, x1:x2].any(axis=0))
     width = x2 - x1
-    limit = max(1, width - round(MAX_STRIP * width))
+    limit = max(1, width - round(p.max_strip * width))
     # the blank run nearest the panel's own content: the strip may hold several (tick labels,
     # then the axis title)
     start = None
@@ -97,14 +93,14 @@ def _strip(ink: np.ndarray, left: IntBox, plot: IntBox) -> tuple[IntBox, IntBox]
         run = k
         while k < width and not columns[k]:
             k += 1
-        if k - run >= MIN_GAP and k < width and columns[:run].any():
+        if k - run >= p.min_gap and k < width and columns[:run].any():
             start = k
             break
     if start is None:
         return None
     strip = ink[y1:y2, x1 + start : x2]
     rows = np.flatnonzero(strip.any(axis=1))
-    if y1 + rows[0] < plot[1] - ROW_SLACK or y1 + rows[-1] + 1 > plot[3] + ROW_SLACK:
+    if y1 + rows[0] < plot[1] - p.row_slack or y1 + rows[-1] + 1 > plot[3] + p.row_slack:
         return None  # ink above or below the plot: the panel's own (a colour bar, a legend)
     rest = tight_box(ink, (x1, y1, x1 + start, y2))
     if rest is None:

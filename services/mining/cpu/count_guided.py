@@ -4,11 +4,11 @@ A caption that labels ten panels ("(a) ... (j) ...") over a figure the segmenter
 boxes says that touching panels were left together. The seam splitter (``seams``) cuts a box only
 when its line scorer is sure on its own; here the caption's count is the evidence instead, so the
 likeliest seam of all boxes is cut, one at a time, until the count is reached or no line looks
-like a seam at all (``MIN_SCORE``).
+like a seam at all (``CountParams.min_score``).
 
 The other way round, more boxes than named panels means a panel came apart (a plot's colour bar
 or legend, an image cut along a false seam). Two boxes are joined only when together they fill
-their joint box (``MERGE_FILL``: the halves of one rectangle, not two panels side by side with a
+their joint box (``CountParams.merge_fill``: the halves of one rectangle, not two panels side by side with a
 gap or offset) and that box reaches into no other. Which pair goes first is the panel-boundary
 network's call (``seam_net``): the pair whose junction it least believes in, a gutter between
 them counting against; a pair it is sure of stays apart whatever the count. By fill alone, two
@@ -24,20 +24,8 @@ import numpy as np
 from p2p.mining.cpu import seam_net
 from p2p.mining.cpu.seams import IntBox, SeamModel, best_seam, cut_parts, default_model
 from p2p.mining.cpu.segment import without_sliver
+from p2p.mining.params import CountParams, load_params
 from p2p.shared.geometry import area, intersection
-
-MIN_SCORE = 0.001  # line score below which a line is an edge inside a picture, whatever the count
-MAX_NAMED = 30  # a caption naming more panels than this is not a count to split towards
-MERGE_FILL = 0.95  # of the joint box two boxes must cover to be halves of one panel
-# a pair's doubt: the boundary probability along its junction plus GAP_WEIGHT times the share of
-# the joint box neither covers (a gutter); pairs are joined least doubtful first, up to MAX_DOUBT
-GAP_WEIGHT = 20.0
-MAX_DOUBT = 1.0
-SPLIT_CONFIDENCE = 0.6  # boxes cut or joined this way are less sure than the rules' panels
-# a piece without a label joins a labelled neighbour across a gap of at most JOIN_GAP of the
-# figure's size when together they fill JOIN_FILL of their joint box
-JOIN_GAP = 0.02
-JOIN_FILL = 0.8
 
 
 def split_to_count(
@@ -48,14 +36,15 @@ def split_to_count(
     named: int,
     *,
     model: SeamModel | None = None,
-    min_score: float = MIN_SCORE,
+    params: CountParams | None = None,
     maps: seam_net.BoundaryMaps | None = None,
 ) -> tuple[list[IntBox], list[float]]:
     """``boxes`` (with their ``confidence``) with their likeliest seams cut until there are
     ``named`` of them (the number of panels the caption names), or until no line scores
-    ``min_score``. ``ink``: the figure's content mask, which the parts are tightened to;
+    ``params.min_score``. ``ink``: the figure's content mask, which the parts are tightened to;
     ``maps``: the figure's boundary maps when the caller already has them."""
-    if not boxes or named <= len(boxes) or named > MAX_NAMED:
+    p = params or load_params().count_guided
+    if not boxes or named <= len(boxes) or named > p.max_named:
         return boxes, confidence
     model = model or default_model()
     boxes, confidence = list(boxes), list(confidence)
@@ -68,7 +57,7 @@ def split_to_count(
             if box in spent:
                 continue
             seam = best_seam(rgb, box, boxes, model, maps)
-            if seam is None or seam.score < min_score:
+            if seam is None or seam.score < p.min_score:
                 spent.add(box)
                 continue
             axis, _, parts = cut_parts(rgb, ink, box, seam.axis, seam.offset)
@@ -83,8 +72,8 @@ def split_to_count(
         parts = [without_sliver(ink, parts[0], axis, True), without_sliver(ink, parts[1], axis, False)]
         boxes[k] = parts[0]
         boxes.append(parts[1])
-        confidence[k] = min(confidence[k], SPLIT_CONFIDENCE)
-        confidence.append(SPLIT_CONFIDENCE)
+        confidence[k] = min(confidence[k], p.split_confidence)
+        confidence.append(p.split_confidence)
     return boxes, confidence
 
 
@@ -94,11 +83,13 @@ def merge_to_count(
     named: int,
     *,
     maps: seam_net.BoundaryMaps,
+    params: CountParams | None = None,
 ) -> tuple[list[IntBox], list[float]]:
     """``boxes`` (with their ``confidence``) with pairs joined until there are ``named`` of them.
-    Only a pair that fills ``MERGE_FILL`` of its joint box without reaching into another box is
+    Only a pair that fills ``params.merge_fill`` of its joint box without reaching into another box is
     joined; the pair whose junction looks least like a panel boundary first (the figure's
     boundary ``maps``), and none whose junction is a sure boundary."""
+    p = params or load_params().count_guided
     if named < 1 or len(boxes) <= named:
         return boxes, confidence
     boxes, confidence = list(boxes), list(confidence)
@@ -106,10 +97,10 @@ def merge_to_count(
         best: tuple[float, int, int] | None = None  # doubt, the two boxes
         for i, j in itertools.combinations(range(len(boxes)), 2):
             joint, fill = _joint_fill(boxes[i], boxes[j])
-            if fill < MERGE_FILL:
+            if fill < p.merge_fill:
                 continue
-            doubt = _junction(maps, boxes[i], boxes[j], joint) + GAP_WEIGHT * (1.0 - fill)
-            if doubt > MAX_DOUBT or (best is not None and doubt >= best[0]):
+            doubt = _junction(maps, boxes[i], boxes[j], joint) + p.gap_weight * (1.0 - fill)
+            if doubt > p.max_doubt or (best is not None and doubt >= best[0]):
                 continue
             if not _reaches_into_another(boxes, i, j, joint):
                 best = (doubt, i, j)
@@ -117,25 +108,26 @@ def merge_to_count(
             break
         _, i, j = best
         boxes[i] = _joint(boxes[i], boxes[j])
-        confidence[i] = min(confidence[i], confidence[j], SPLIT_CONFIDENCE)
+        confidence[i] = min(confidence[i], confidence[j], p.split_confidence)
         del boxes[j], confidence[j]
     return boxes, confidence
 
 
 def join_unlabelled(
-    boxes: list[IntBox], labels: list[str | None], named: list[str]
+    boxes: list[IntBox], labels: list[str | None], named: list[str], *, params: CountParams | None = None
 ) -> tuple[list[IntBox], list[str | None]]:
     """``boxes`` with their ``labels``, each box without a label joined to a labelled neighbour
     while there are more boxes than the caption's ``named`` labels and every one of those labels
     is on a box already: then the boxes without one are pieces of panels (a plot cut at its axis,
     a picture at a bright edge), not panels whose label went unread. A piece joins the neighbour
-    it lies beside (across at most ``JOIN_GAP`` of the figure's size, along at least half its
+    it lies beside (across at most ``params.join_gap`` of the figure's size, along at least half its
     own side) whose joint box fills most of it and reaches into no other box."""
+    p = params or load_params().count_guided
     have = {label.casefold() for label in labels if label}
     if len(named) < 2 or len(boxes) <= len(named) or any(n.casefold() not in have for n in named):
         return boxes, labels
     boxes, labels = list(boxes), list(labels)
-    reach = JOIN_GAP * max(max(b[2] for b in boxes), max(b[3] for b in boxes))
+    reach = p.join_gap * max(max(b[2] for b in boxes), max(b[3] for b in boxes))
     while len(boxes) > len(named):
         best: tuple[float, int, int] | None = None  # fill, piece, panel
         for i in (i for i, label in enumerate(labels) if not label):
@@ -143,7 +135,7 @@ def join_unlabelled(
                 if not _beside(boxes[i], boxes[j], reach):
                     continue
                 joint, fill = _joint_fill(boxes[i], boxes[j])
-                if fill < JOIN_FILL or (best is not None and fill <= best[0]):
+                if fill < p.join_fill or (best is not None and fill <= best[0]):
                     continue
                 if not _reaches_into_another(boxes, i, j, joint):
                     best = (fill, i, j)

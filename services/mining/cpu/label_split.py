@@ -23,33 +23,12 @@ import cv2
 import numpy as np
 
 from p2p.mining.cpu import seam_net
-from p2p.mining.cpu.count_guided import SPLIT_CONFIDENCE
 from p2p.mining.cpu.labels import read_glyphs
 from p2p.mining.cpu.seams import IntBox, cut_parts
 from p2p.mining.cpu.segment import Analysis, CornerGlyph, ink_mask
+from p2p.mining.params import LabelSplitParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import union_box
-
-# A label's corner: its offset from its panel's top-left corner at most this many label heights.
-MAX_OFFSET = 3.0
-# Label-sized: glyphs of a second label are this share of the first label's height; their tops lie
-# within TOP_SLACK label heights of its top line.
-GLYPH_HEIGHT = (0.6, 1.5)
-TOP_SLACK = 0.35
-# A label stands alone: no other glyph-sized ink within this many label heights around it.
-ALONE = 0.5
-LIGHT, DARK = 200, 60  # labels are printed near white or near black
-# Either part of a cut panel is at least this many label heights across the cut.
-MIN_PART = 4.0
-# The cut is looked for within this many label heights before the second label's corner, and the
-# boundary network's mean probability along it must reach MIN_STRENGTH.
-REACH = 0.8
-MIN_STRENGTH = 0.3
-# A reading this sure is a label; one this sure places the cut by itself where the network sees no
-# boundary (touching panels of one tone).
-MIN_READING = 0.5
-SURE_READING = 0.8
-TOUCH = 3  # px: panels this close share a side
 
 
 @dataclass(frozen=True)
@@ -67,11 +46,17 @@ def split_at_labels(
     *,
     named: Sequence[str],
     analysis: Analysis | None = None,
+    params: LabelSplitParams | None = None,
+    split_confidence: float | None = None,
 ) -> tuple[list[PanelCandidate], list[str | None], list[LabelDetection]]:
     """``panels`` with their ``labels`` (and the label ``detections``), each panel that holds the
     label of another panel the caption names (``named``, in the caption's spelling) and none of
     ``labels`` has, cut in two at it, and each that holds the label of the panel beyond it cut
-    back to it; unchanged when nothing is found. ``analysis``: the segmenter's look at this figure."""
+    back to it; unchanged when nothing is found. ``analysis``: the segmenter's look at this figure;
+    ``split_confidence``: the parts' confidence (``count_guided``'s, as for the count's cuts)."""
+    shipped = load_params()
+    p = params or shipped.label_split
+    confidence = shipped.count_guided.split_confidence if split_confidence is None else split_confidence
     panels, labels, detections = list(panels), list(labels), list(detections)
     have = {label.casefold() for label in labels if label}
     missing = {name.casefold(): name for name in named if name.casefold() not in have}
@@ -81,7 +66,7 @@ def split_at_labels(
     corners = {
         k: corner
         for k, label in enumerate(labels)
-        if label and label in by_text and (corner := _corner_of(panels[k].box, by_text[label])) is not None
+        if label and label in by_text and (corner := _corner_of(panels[k].box, by_text[label], p)) is not None
     }
     if not corners:
         return panels, labels, detections  # the labels are not printed inside the corners
@@ -103,35 +88,35 @@ def split_at_labels(
         k = queue.pop(0)
         corner = corners.get(k, typical)
         box = _int_box(panels[k].box, rgb.shape[1], rgb.shape[0])
-        glyphs = _edge_glyphs(gray, box, corner)
+        glyphs = _edge_glyphs(gray, box, corner, p)
         if not glyphs:
             continue
         for (axis, glyph), detection in zip(glyphs, read_glyphs(gray, [g for _, g in glyphs]), strict=True):
-            if detection is None or detection.confidence < MIN_READING:
+            if detection is None or detection.confidence < p.min_reading:
                 continue
             text = detection.text.casefold()
-            after = None if text in missing else _next_panel(panels, labels, corners, k, axis, text)
+            after = None if text in missing else _next_panel(panels, labels, corners, k, axis, text, p.touch)
             if text not in missing and after is None:
                 continue
             if maps is None:
                 maps = seam_net.boundary_maps(rgb)
             if ink is None:
                 ink = ink_mask(rgb)
-            sure = detection.confidence >= SURE_READING
-            parts = _cut(rgb, ink, maps, box, axis, glyph.box, corner, sure=sure, own_part=after is None)
+            sure = detection.confidence >= p.sure_reading
+            parts = _cut(rgb, ink, maps, box, axis, glyph.box, corner, p, sure=sure, own_part=after is None)
             if parts is None:
                 continue
             panels[k] = PanelCandidate(
-                box=_float_box(parts[0]), confidence=min(panels[k].confidence, SPLIT_CONFIDENCE)
+                box=_float_box(parts[0]), confidence=min(panels[k].confidence, confidence)
             )
             if after is not None:
                 # the label's panel reaches into this one: their shared side moves back to it
                 joint = union_box(_float_box(parts[1]), panels[after].box)
-                panels[after] = PanelCandidate(box=joint, confidence=SPLIT_CONFIDENCE)
+                panels[after] = PanelCandidate(box=joint, confidence=confidence)
                 corners[after] = corner
                 break
             name = missing.pop(text)
-            panels.append(PanelCandidate(box=_float_box(parts[1]), confidence=SPLIT_CONFIDENCE))
+            panels.append(PanelCandidate(box=_float_box(parts[1]), confidence=confidence))
             labels.append(name)
             detections.append(
                 LabelDetection(
@@ -151,6 +136,7 @@ def _next_panel(
     k: int,
     axis: int,
     text: str,
+    touch: int,
 ) -> int | None:
     """The panel labelled ``text`` that touches panel ``k`` on its far side along ``axis`` (right
     of it, or below) and has no label of its own in its corner: its label is the one printed
@@ -162,32 +148,36 @@ def _next_panel(
         other = panels[q].box
         across = 1 - axis
         shared = min(box[across + 2], other[across + 2]) - max(box[across], other[across])
-        if abs(other[axis] - box[axis + 2]) <= TOUCH and shared >= 0.5 * (other[across + 2] - other[across]):
+        if abs(other[axis] - box[axis + 2]) <= touch and shared >= 0.5 * (other[across + 2] - other[across]):
             return q
     return None
 
 
-def _corner_of(box: tuple[float, float, float, float], detection: LabelDetection) -> _Corner | None:
+def _corner_of(
+    box: tuple[float, float, float, float], detection: LabelDetection, p: LabelSplitParams
+) -> _Corner | None:
     """The label's offset from the panel's top-left corner, when it is printed inside near it."""
     x1, y1, _, y2 = detection.box
     height = y2 - y1
     dx, dy = x1 - box[0], y1 - box[1]
-    if height < 4 or not (0 <= dx <= MAX_OFFSET * height and 0 <= dy <= MAX_OFFSET * height):
+    if height < 4 or not (0 <= dx <= p.max_offset * height and 0 <= dy <= p.max_offset * height):
         return None
     return _Corner(dx=dx, dy=dy, height=height)
 
 
-def _edge_glyphs(gray: np.ndarray, box: IntBox, corner: _Corner) -> list[tuple[int, CornerGlyph]]:
+def _edge_glyphs(
+    gray: np.ndarray, box: IntBox, corner: _Corner, p: LabelSplitParams
+) -> list[tuple[int, CornerGlyph]]:
     """Lone label-sized glyph groups along the panel's top edge at its label's height (axis 0: a
     vertical cut would fall before them) and down its left edge at its label's indent (axis 1)."""
     x1, y1, x2, y2 = box
     h = corner.height
-    margin = round(ALONE * h) + 2
-    span = round(GLYPH_HEIGHT[1] * h) + margin
+    margin = round(p.alone * h) + 2
+    span = round(p.glyph_height[1] * h) + margin
     out: list[tuple[int, CornerGlyph]] = []
     top = round(y1 + corner.dy)
     left = round(x1 + corner.dx)
-    first = round(MIN_PART * h)
+    first = round(p.min_part * h)
     bands = (
         (0, (x1 + first, max(y1, top - margin), x2, top + span)),
         (1, (max(x1, left - margin), y1 + first, left + 4 * span, y2)),
@@ -196,11 +186,11 @@ def _edge_glyphs(gray: np.ndarray, box: IntBox, corner: _Corner) -> list[tuple[i
         if bx2 - bx1 < h or by2 - by1 < h:
             continue
         crop = gray[by1:by2, bx1:bx2]
-        for invert, mask in ((True, crop >= LIGHT), (False, crop <= DARK)):
-            for group, keep_box, keep in _lone_groups(mask, h):
+        for invert, mask in ((True, crop >= p.light), (False, crop <= p.dark)):
+            for group, keep_box, keep in _lone_groups(mask, h, p):
                 gx1, gy1, gx2, gy2 = group
                 aligned = abs(by1 + gy1 - top) if axis == 0 else abs(bx1 + gx1 - left)
-                if aligned > TOP_SLACK * h + 1:
+                if aligned > p.top_slack * h + 1:
                     continue
                 kx1, ky1, kx2, ky2 = keep_box
                 out.append(
@@ -218,7 +208,7 @@ def _edge_glyphs(gray: np.ndarray, box: IntBox, corner: _Corner) -> list[tuple[i
     return out
 
 
-def _lone_groups(mask: np.ndarray, h: float) -> list[tuple[IntBox, IntBox, np.ndarray]]:
+def _lone_groups(mask: np.ndarray, h: float, p: LabelSplitParams) -> list[tuple[IntBox, IntBox, np.ndarray]]:
     """Groups of label-sized components on one line ("(a)", "1a") with no other label-sized
     component around them: (glyph box, crop box, glyph pixels in the crop box)."""
     n, cc, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
@@ -226,7 +216,7 @@ def _lone_groups(mask: np.ndarray, h: float) -> list[tuple[IntBox, IntBox, np.nd
     sized = [
         i
         for i in range(1, n)
-        if GLYPH_HEIGHT[0] * h <= heights[i] <= GLYPH_HEIGHT[1] * h and widths[i] <= 1.6 * heights[i] + 2
+        if p.glyph_height[0] * h <= heights[i] <= p.glyph_height[1] * h and widths[i] <= 1.6 * heights[i] + 2
     ]
     if not sized or len(sized) > 400:  # a field of label-sized blobs is texture
         return []
@@ -256,7 +246,7 @@ def _lone_groups(mask: np.ndarray, h: float) -> list[tuple[IntBox, IntBox, np.nd
         if box[2] - box[0] > 4 * h:
             continue
         used.update(members)
-        m = round(ALONE * h) + 1
+        m = round(p.alone * h) + 1
         ox1, oy1 = max(0, box[0] - m), max(0, box[1] - m)
         ox2, oy2 = min(mask.shape[1], box[2] + m), min(mask.shape[0], box[3] + m)
         around = {int(v) for v in np.unique(cc[oy1:oy2, ox1:ox2])} & set(sized)
@@ -278,6 +268,7 @@ def _cut(
     axis: int,
     glyph: IntBox,
     corner: _Corner,
+    p: LabelSplitParams,
     *,
     sure: bool,
     own_part: bool = True,
@@ -287,7 +278,7 @@ def _cut(
     h = corner.height
     start = box[axis]
     expected = (glyph[0] - corner.dx if axis == 0 else glyph[1] - corner.dy) - start
-    reach = max(3.0, REACH * h)
+    reach = max(3.0, p.reach * h)
     offsets = np.arange(max(1, round(expected - reach)), round(expected + 0.3 * h) + 1)
     length = box[axis + 2] - start
     offsets = offsets[(offsets > 0) & (offsets < length)]
@@ -295,7 +286,7 @@ def _cut(
         return None
     strength = maps.line_strength(box, axis, offsets.astype(np.float64))
     best = int(np.argmax(strength))
-    if strength[best] >= MIN_STRENGTH:
+    if strength[best] >= p.min_strength:
         offset = int(offsets[best])
     elif sure:
         # two panels of one tone the network cannot tell apart: the label's own corner places the
@@ -310,7 +301,7 @@ def _cut(
     # the part from the label on is a panel of its own, or (``own_part`` False) a strip of the
     # label's panel that joins it, any size
     sizes = (first[axis + 2] - first[axis], second[axis + 2] - second[axis] if own_part else np.inf)
-    if min(sizes) < MIN_PART * h:
+    if min(sizes) < p.min_part * h:
         return None
     if second[axis] > glyph[axis]:
         return None  # the label would lie outside its own part

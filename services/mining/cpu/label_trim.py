@@ -17,22 +17,9 @@ import cv2
 import numpy as np
 
 from p2p.mining.cpu.segment import Analysis, IntBox, ink_mask, tight_box
+from p2p.mining.params import LabelTrimParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import area, intersection
-
-PAD = 0.2  # of the label's height: its glyphs (parentheses, a circle) reach past the read box
-GLYPH_REACH = 1.5  # of the label's height: a component no larger than this is one of its glyphs
-EDGE_BAND = 3  # px along a box's sides where a neighbour's pixels may lie
-SLIVER = 2  # px: the most of a neighbour's image a box may hold along a side
-MIN_KEPT = 0.5  # of the box's area: a trim leaving less than this took content, not a label
-MAX_OVERLAP = 0.3  # of the label's area: it may overlap the tightened box this much (over a frame)
-# An unread label heading a box: ink rows UNREAD_HEIGHT times the read labels' height from its top,
-# at least UNREAD_GAP blank rows under them (looked for within UNREAD_REACH heights; a table's
-# frame can start one row below its label), the ink at most UNREAD_WIDTH heights wide
-UNREAD_HEIGHT = (0.6, 1.6)
-UNREAD_GAP = 1
-UNREAD_REACH = 3.0
-UNREAD_WIDTH = 4.0
 
 
 def trim_labels(
@@ -42,11 +29,13 @@ def trim_labels(
     detections: list[LabelDetection],
     *,
     analysis: Analysis | None = None,
+    params: LabelTrimParams | None = None,
 ) -> list[PanelCandidate]:
     """``panels`` (with ``labels``, one per panel, as assigned) with the read labels printed on
     the page at a box's edge taken out of it: the panel's own label, and any other the box
     reached over (a label in the gutter below a panel heads the next one; a label OCR misread,
     "(iii)" as "(m)", is still a label). ``analysis``: the segmenter's look at this figure."""
+    p = params or load_params().label_trim
     mask, ids, stats = _ink(image, analysis)
     height, width = mask.shape
     read = [(d.text.lower(), g) for d in detections if (g := _clip(d.box, width, height)) is not None]
@@ -64,10 +53,10 @@ def trim_labels(
             # the panel's label not read on it (assigned from the caption's sequence, or read as
             # something else, "(viii)" as "vii"): a label-sized group heading the box, blank
             # rows under it, is that label; what was read of it goes with it
-            unread = _unread_label(mask, box, size)
+            unread = _unread_label(mask, box, size, p)
             if unread is not None:
                 glyphs = [g for g in glyphs if not intersection(g, unread)] + [unread]
-        trimmed = _without(mask, box, glyphs, _foreign(ids, stats, box))
+        trimmed = _without(mask, box, glyphs, p, _foreign(ids, stats, box, p.edge_band))
         if trimmed is not None and trimmed != box:
             x1, y1, x2, y2 = trimmed
             out[k] = PanelCandidate(
@@ -76,24 +65,24 @@ def trim_labels(
     return out
 
 
-def _unread_label(mask: np.ndarray, box: IntBox, size: float) -> IntBox | None:
+def _unread_label(mask: np.ndarray, box: IntBox, size: float, p: LabelTrimParams) -> IntBox | None:
     """The glyphs heading ``box`` at its left when they look like a label of height ``size``:
     ink rows from the top as tall as a label, then blank rows, the ink no wider than a label
     ("(viii)") and starting at the box's left side."""
     x1, y1, x2, y2 = box
-    rows: np.ndarray = np.asarray(mask[y1 : min(y2, y1 + round(UNREAD_REACH * size)), x1:x2].any(axis=1))
+    rows: np.ndarray = np.asarray(mask[y1 : min(y2, y1 + round(p.unread_reach * size)), x1:x2].any(axis=1))
     if rows.size == 0 or not rows[0]:
         return None
     # the first blank row below a label's height of ink (an "i"'s dot stands apart above it)
     blank = np.flatnonzero(~rows)
-    blank = blank[blank >= UNREAD_HEIGHT[0] * size]
-    if blank.size == 0 or blank[0] > UNREAD_HEIGHT[1] * size:
+    blank = blank[blank >= p.unread_height[0] * size]
+    if blank.size == 0 or blank[0] > p.unread_height[1] * size:
         return None
     end = int(blank[0])
-    if not (~rows[end : end + UNREAD_GAP]).all():
+    if not (~rows[end : end + p.unread_gap]).all():
         return None
     cols = np.flatnonzero(mask[y1 : y1 + end, x1:x2].any(axis=0))
-    if cols[0] > size or cols[-1] - cols[0] + 1 > UNREAD_WIDTH * size:
+    if cols[0] > size or cols[-1] - cols[0] + 1 > p.unread_width * size:
         return None
     return (x1 + int(cols[0]), y1, x1 + int(cols[-1]) + 1, y1 + end)
 
@@ -128,21 +117,23 @@ def _at_edge(glyph: IntBox, box: IntBox) -> bool:
     )
 
 
-def _foreign(ids: np.ndarray | None, stats: np.ndarray | None, box: IntBox) -> np.ndarray | None:
-    """Pixels along ``box``'s sides (``EDGE_BAND``) of ink components that reach well past it:
+def _foreign(
+    ids: np.ndarray | None, stats: np.ndarray | None, box: IntBox, edge_band: int
+) -> np.ndarray | None:
+    """Pixels along ``box``'s sides (``edge_band`` px) of ink components that reach well past it:
     a neighbouring image's edge, JPEG-blurred into the box."""
     if ids is None or stats is None:
         return None
     x1, y1, x2, y2 = box
     crop = ids[y1:y2, x1:x2]
     band = np.zeros(crop.shape, bool)
-    band[:EDGE_BAND], band[-EDGE_BAND:], band[:, :EDGE_BAND], band[:, -EDGE_BAND:] = True, True, True, True
+    band[:edge_band], band[-edge_band:], band[:, :edge_band], band[:, -edge_band:] = True, True, True, True
     in_band = crop[band]
     found = np.unique(in_band)
     found = found[found > 0]
     left, top = stats[found, cv2.CC_STAT_LEFT], stats[found, cv2.CC_STAT_TOP]
     right, bottom = left + stats[found, cv2.CC_STAT_WIDTH], top + stats[found, cv2.CC_STAT_HEIGHT]
-    slack = EDGE_BAND
+    slack = edge_band
     outside = found[(left < x1 - slack) | (top < y1 - slack) | (right > x2 + slack) | (bottom > y2 + slack)]
     if not outside.size:
         return None
@@ -152,7 +143,7 @@ def _foreign(ids: np.ndarray | None, stats: np.ndarray | None, box: IntBox) -> n
 
 
 def _without(
-    mask: np.ndarray, box: IntBox, glyphs: list[IntBox], foreign: np.ndarray | None = None
+    mask: np.ndarray, box: IntBox, glyphs: list[IntBox], p: LabelTrimParams, foreign: np.ndarray | None = None
 ) -> IntBox | None:
     """``box`` tightened to its ink once the labels' ``glyphs`` are blanked, and on each side
     the ``foreign`` pixels too when that moves the side past them (the content starts further
@@ -162,8 +153,8 @@ def _without(
     inside = [g for g in glyphs if intersection(g, box) > 0]
     crop = mask[box[1] : box[3], box[0] : box[2]].copy()
     for gx1, gy1, gx2, gy2 in inside:
-        _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]))
-    _blank_slivers(crop)
+        _blank_glyphs(crop, (gx1 - box[0], gy1 - box[1], gx2 - box[0], gy2 - box[1]), p)
+    _blank_slivers(crop, p.sliver)
     whole = (0, 0, box[2] - box[0], box[3] - box[1])
     tight = tight_box(crop, whole)
     if tight is None:
@@ -172,46 +163,46 @@ def _without(
         crop[foreign] = False
         inner = tight_box(crop, whole)
         if inner is not None:
-            x1, y1, x2, y2 = (a if abs(a - b) > EDGE_BAND else b for a, b in zip(inner, tight, strict=True))
+            x1, y1, x2, y2 = (a if abs(a - b) > p.edge_band else b for a, b in zip(inner, tight, strict=True))
             tight = (x1, y1, x2, y2)
     new = (box[0] + tight[0], box[1] + tight[1], box[0] + tight[2], box[1] + tight[3])
-    if area(new) < MIN_KEPT * area(box):
+    if area(new) < p.min_kept * area(box):
         return None
-    if any(intersection(g, new) > MAX_OVERLAP * area(g) for g in inside):
+    if any(intersection(g, new) > p.max_overlap * area(g) for g in inside):
         return None
     return new
 
 
-def _blank_slivers(crop: np.ndarray) -> None:
+def _blank_slivers(crop: np.ndarray, sliver: int) -> None:
     """Blank the 1-2 px of a neighbouring image a box may hold along a side (a seam placed a
     pixel off, JPEG blur): full lines of ink at the side with nothing at all just inside them. A
     plot's frame is kept, since its other sides run on inside."""
     for side in (crop, crop.T):
         for lines in (side, side[::-1]):
-            if lines.shape[0] < SLIVER + 2 or lines.shape[1] < 8:
+            if lines.shape[0] < sliver + 2 or lines.shape[1] < 8:
                 continue
-            share = lines[: SLIVER + 2].mean(axis=1)
+            share = lines[: sliver + 2].mean(axis=1)
             strip = 0
-            while strip < SLIVER and share[strip] >= 0.9:
+            while strip < sliver and share[strip] >= 0.9:
                 strip += 1
             if strip and not lines[strip : strip + 2].any():
                 lines[:strip] = False
 
 
-def _blank_glyphs(crop: np.ndarray, glyph: IntBox) -> None:
+def _blank_glyphs(crop: np.ndarray, glyph: IntBox, p: LabelTrimParams) -> None:
     """Blank the label's glyphs in ``crop``: the read box padded, and whole glyph-sized ink
     components touching it (OCR boxes often miss a parenthesis or the circle round a label).
     A component larger than that (a plot frame the label stands over) keeps its pixels."""
     height, width = crop.shape
     x1, y1, x2, y2 = glyph
     size = y2 - y1
-    pad = max(1, round(PAD * size))
+    pad = max(1, round(p.pad * size))
     px1, py1, px2, py2 = max(0, x1 - pad), max(0, y1 - pad), min(width, x2 + pad), min(height, y2 + pad)
     wx1, wy1, wx2, wy2 = max(0, x1 - size), max(0, y1 - size), min(width, x2 + size), min(height, y2 + size)
     window = crop[wy1:wy2, wx1:wx2]
     _, ids, stats, _ = cv2.connectedComponentsWithStats(window.astype(np.uint8), connectivity=8)
     touching = np.unique(ids[py1 - wy1 : py2 - wy1, px1 - wx1 : px2 - wx1])
-    limit = GLYPH_REACH * size
+    limit = p.glyph_reach * size
     small = [
         i
         for i in touching

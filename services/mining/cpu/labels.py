@@ -47,6 +47,7 @@ from p2p.mining.cpu.segment import (
     corner_glyphs,
     ink_mask,
 )
+from p2p.mining.params import LabelParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared import geometry
 from p2p.shared.geometry import Box
@@ -55,8 +56,6 @@ REC_HEIGHT = 32  # recogniser input height (the model is trained at 48; 32 reads
 GLYPH_HEIGHT = 22  # label crops (glyphs + 1-2 px) are scaled to this height inside the input
 MIN_GLYPH_WIDTH = 14  # thin glyphs are stretched to at least this width
 BATCH = 8
-MIN_SCORE = 0.12  # readings below this are dropped; below STRONG_SCORE they count only if the
-STRONG_SCORE = 0.5  # a, b, c... sequence confirms them (see assign_labels)
 OCR_THREADS = 1  # one thread per call: the miner runs one figure per core
 
 ROMAN = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii", "ix", "x", "xi", "xii")
@@ -658,12 +657,17 @@ def _detector_candidates(
 
 
 def find_labels(
-    image: np.ndarray, panels: Sequence[PanelCandidate], *, analysis: Analysis | None = None
+    image: np.ndarray,
+    panels: Sequence[PanelCandidate],
+    *,
+    analysis: Analysis | None = None,
+    params: LabelParams | None = None,
 ) -> list[LabelDetection]:
     """Panel labels read by OCR near the panels' corners (figure pixels, exclusive boxes).
 
     Several detections may concern one panel; ``assign_labels`` picks one per panel. ``analysis``:
     the segmenter's look at this figure (``segment_figure``), reused rather than redone."""
+    p = params or load_params().labels
     rgb = _as_rgb(image)
     height, width = rgb.shape[:2]
     if not panels or height < 8 or width < 8:
@@ -689,14 +693,14 @@ def find_labels(
         words.append((word, members))
     engine = _engine()
     candidates = _outside_candidates(words, cc_labels, gray, boxes, u)
-    detections = _read(engine, candidates)
-    found = {d_panel for d_panel, det in detections if det.confidence >= STRONG_SCORE}
+    detections = _read(engine, candidates, p.min_score)
+    found = {d_panel for d_panel, det in detections if det.confidence >= p.strong_score}
     missing = [k for k in range(len(boxes)) if k not in found]
     if missing:
         inside = _inside_candidates(gray, boxes, missing, u)
         candidates.extend(inside)
-        detections.extend(_read(engine, inside))
-        found = {d_panel for d_panel, det in detections if det.confidence >= STRONG_SCORE}
+        detections.extend(_read(engine, inside, p.min_score))
+        found = {d_panel for d_panel, det in detections if det.confidence >= p.strong_score}
         missing = [k for k in range(len(boxes)) if k not in found]
     # every panel still without a clear reading: when segmentation swallows the labels' strip
     # into the panels, no glyph search finds them and most panels are missing
@@ -705,8 +709,8 @@ def find_labels(
         for k in missing:
             extra.extend(_detector_candidates(engine, rgb, gray, boxes[k], k, u))
         candidates.extend(extra)
-        detections.extend(_read(engine, extra))
-    detections = _second_look(engine, gray, candidates, detections)
+        detections.extend(_read(engine, extra, p.min_score))
+    detections = _second_look(engine, gray, candidates, detections, p)
     return _settle_case([d for _, d in detections])
 
 
@@ -720,11 +724,12 @@ def _second_look(
     gray: np.ndarray,
     candidates: list[_Candidate],
     detections: list[tuple[int, LabelDetection]],
+    p: LabelParams,
 ) -> list[tuple[int, LabelDetection]]:
     """Read again, prepared other ways, the candidates of panels that have no reading in the style
     the figure's clear readings share (upper case, "1a"...): the recogniser's reading of a small
     label changes with the crop's preparation, and a reading in that style is taken."""
-    clear = {i: d.text for i, (_, d) in enumerate(detections) if d.confidence >= STRONG_SCORE}
+    clear = {i: d.text for i, (_, d) in enumerate(detections) if d.confidence >= p.strong_score}
     if len(clear) < 2:
         return detections
     main = _main_style(clear, set(clear))
@@ -748,7 +753,7 @@ def _second_look(
     best: dict[int, tuple[float, str, str]] = {}
     for cand, crop, (raw, score) in zip(owners, crops, engine.read(crops), strict=True):
         text = normalize_label(raw)
-        if text is None or score < MIN_SCORE:
+        if text is None or score < p.min_score:
             continue
         text = _count_strokes(crop, raw, text)
         if _style(text) == main and score > best.get(id(cand), (0.0, "", ""))[0]:
@@ -797,7 +802,9 @@ def _settle_case(detections: list[LabelDetection]) -> list[LabelDetection]:
     return out
 
 
-def read_glyphs(gray: np.ndarray, glyphs: Sequence[CornerGlyph]) -> list[LabelDetection | None]:
+def read_glyphs(
+    gray: np.ndarray, glyphs: Sequence[CornerGlyph], *, min_score: float | None = None
+) -> list[LabelDetection | None]:
     """What each glyph group reads as a panel label (None when it does not read as one), read as
     the corner search reads them; the detections' confidences carry no corner prior."""
     candidates = [
@@ -811,12 +818,14 @@ def read_glyphs(gray: np.ndarray, glyphs: Sequence[CornerGlyph]) -> list[LabelDe
         for i, g in enumerate(glyphs)
     ]
     out: list[LabelDetection | None] = [None] * len(glyphs)
-    for i, detection in _read(_engine(), candidates):
+    threshold = load_params().labels.min_score if min_score is None else min_score
+    for i, detection in _read(_engine(), candidates, threshold):
         out[i] = detection
     return out
 
 
-def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDetection]]:
+def _read(engine: _Ocr, candidates: list[_Candidate], min_score: float) -> list[tuple[int, LabelDetection]]:
+    """What the candidates read as labels: readings scoring below ``min_score`` are dropped."""
     if not candidates:
         return []
     inners = {
@@ -840,10 +849,10 @@ def _read(engine: _Ocr, candidates: list[_Candidate]) -> list[tuple[int, LabelDe
             inner_text = normalize_label(inner_raw)
             if text is not None and inner_text is not None and text.casefold() == inner_text.casefold():
                 inner_score = max(score, inner_score)
-            if inner_text is not None and inner_score >= MIN_SCORE and (text is None or inner_score >= score):
+            if inner_text is not None and inner_score >= min_score and (text is None or inner_score >= score):
                 text = _count_strokes(inners[i], inner_raw, inner_text)
                 raw, score = f"({inner_raw})", inner_score
-        if text is None or score < MIN_SCORE or cand.box in seen:
+        if text is None or score < min_score or cand.box in seen:
             continue
         x1, y1, x2, y2 = cand.box
         if x2 - x1 < 0.4 * (y2 - y1) and text not in _NARROW:
@@ -1085,15 +1094,18 @@ def _zone_cost(label: Box, panel: Box) -> float | None:
     return (dx + dy) / lh
 
 
-def assign_labels(panels: Sequence[PanelCandidate], labels: Sequence[LabelDetection]) -> list[str | None]:
+def assign_labels(
+    panels: Sequence[PanelCandidate], labels: Sequence[LabelDetection], *, params: LabelParams | None = None
+) -> list[str | None]:
     """One label (or None) per panel; OCR confusions repaired by the a, b, c... sequence."""
+    strong_score = (params or load_params().labels).strong_score
     n = len(panels)
     result: list[str | None] = [None] * n
     if n == 0 or not labels:
         return result
     # the kind of label the figure's clear readings share: a reading of another kind ("G", a
     # speck inside the panel, among numerals) gives way to one of that kind for the same panel
-    clear = {li: det.text for li, det in enumerate(labels) if det.confidence >= STRONG_SCORE}
+    clear = {li: det.text for li, det in enumerate(labels) if det.confidence >= strong_score}
     main = _main_style(clear, set(clear)) if len(clear) >= 2 else None
     pairs: list[tuple[float, int, int]] = []
     for li, det in enumerate(labels):
@@ -1122,7 +1134,7 @@ def assign_labels(panels: Sequence[PanelCandidate], labels: Sequence[LabelDetect
         return result
     texts: dict[int, str] = {pi: det.text for pi, det in chosen.items()}
     confidence = {pi: det.confidence for pi, det in chosen.items()}
-    texts = _repair_sequence(reading_orders(panels), texts, confidence)
+    texts = _repair_sequence(reading_orders(panels), texts, confidence, strong_score)
     for pi, text in texts.items():
         result[pi] = text
     return result
@@ -1170,16 +1182,16 @@ def _best_order(
 
 
 def _repair_sequence(
-    orders: list[list[int]], texts: dict[int, str], confidence: dict[int, float]
+    orders: list[list[int]], texts: dict[int, str], confidence: dict[int, float], strong_score: float
 ) -> dict[int, str]:
     """Fix confusable readings so the labels, in reading order, form one consecutive series.
     The reading order is the one of ``orders`` under which the readings fit the series best.
 
-    Weak readings (confidence below ``STRONG_SCORE``) survive only when the series confirms them;
+    Weak readings (confidence below ``strong_score``) survive only when the series confirms them;
     a panel whose reading does not fit (or that has none) gets the label the series expects there
     when its neighbours in reading order carry the expected labels.
     """
-    strong = {pi: t for pi, t in texts.items() if confidence.get(pi, 0.0) >= STRONG_SCORE}
+    strong = {pi: t for pi, t in texts.items() if confidence.get(pi, 0.0) >= strong_score}
     order, best_offset, main = _best_order(orders, texts, set(strong))
     series = _series(main)
     positions = {pi: rank for rank, pi in enumerate(order)}

@@ -31,7 +31,6 @@ import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+from p2p.mining.artifacts import artifact_path
 
 KINDS = ("arrow", "arrowhead", "asterisk", "star", "box", "circle", "inset")
 POINTING = ("arrow", "arrowhead")
@@ -236,7 +237,7 @@ def decode(out: np.ndarray, threshold: float, top_k: int = 24) -> list[NetMarker
 
 
 def weights_path() -> Path:
-    return Path(str(resources.files("p2p.mining.cpu").joinpath(WEIGHTS_FILE)))
+    return artifact_path(WEIGHTS_FILE)
 
 
 def _save_atomic(blob: dict[str, Any], path: Path) -> None:

@@ -75,13 +75,13 @@ import cv2
 import numpy as np
 
 from p2p.mining.cpu import marker_net
+from p2p.mining.params import MarkerParams, load_params
 from p2p.mining.types import Marker
 from p2p.shared.geometry import Box, contains_point
 
-MIN_CONFIDENCE = 0.35  # candidates scoring lower are dropped
-# Arrows are tested against an ideal arrow shape; below this the look-alikes (texture ridges,
+# The rules' candidates scoring below MarkerParams.min_confidence are dropped; arrows are tested
+# against an ideal arrow shape, and below their own min_score the look-alikes (texture ridges,
 # elongated cells) outnumber real arrows on the development and synthetic sets.
-_MIN_SCORE = {"arrow": 0.8}
 
 # In a colourful panel (a colour map, a stained section) colour ink off a grey background must
 # differ in hue from its surroundings by this much (of 256, about 100 degrees).
@@ -1933,7 +1933,7 @@ def _target(cand: _Cand, w: int, h: int) -> tuple[float, float, float, float]:
 # ----------------------------------------------------------------------------- entry point
 
 
-def _rule_cands(panel: _Panel, *, glyphs_only: bool = False) -> list[_Cand]:
+def _rule_cands(panel: _Panel, p: MarkerParams, *, glyphs_only: bool = False) -> list[_Cand]:
     """The rule-based detector on one panel (crop pixels). ``glyphs_only``: arrows, arrowheads
     and symbols only (no outlines, line rectangles or insets: the enlarged copy's pass)."""
     h, w = panel.h, panel.w
@@ -1959,7 +1959,7 @@ def _rule_cands(panel: _Panel, *, glyphs_only: bool = False) -> list[_Cand]:
         cands += _line_rectangles(panel, "colour_any")
         for name in ("white", "black"):
             cands += _strong_outlines(panel, name)
-    cands = [c for c in cands if c.score >= _MIN_SCORE.get(c.kind, MIN_CONFIDENCE)]
+    cands = [c for c in cands if c.score >= p.min_score.get(c.kind, p.min_confidence)]
     if text_zone.any():
         cands = [c for c in cands if not _in_text(c, text_zone)]
 
@@ -2027,46 +2027,26 @@ _NET_CANDIDATE = 0.1
 _SAME_GLYPH_IOU = 0.3
 _SAME_POINT = 0.02
 
-# Heat-map peaks of the marker network at or above these become markers of their own (set on
-# development seed 2002 for recall plus precision; with the enlarged pass in place arrows were
-# lowered from 0.5 on seeds 1001 and 2002, boxes from 0.5 on 1001 and 3003). Arrows need more than
-# symbols: the network's weak peaks of arrows fall on sharp edges and cell outlines of the texture.
-# Boxes were lowered from 0.4 to 0.3 for small, thin rectangles (inset sources), which it sees
-# faintly (recall on validation seeds 320001/320002 0.862/0.892 -> 0.868/0.895, real 0.881 ->
-# 0.905 at one more false box, development seed 1001 unchanged).
-# Asterisks and circles from 0.2, their peaks under ``_WEAK_PEAK`` held to ``_WEAK_VETO``
-# (validation seeds 330101/330102 recall 0.875/0.915 -> 0.880/0.921, precision 0.806/0.787 ->
-# 0.806/0.790, development seed 1001 and real unchanged, 0.910 and 0.905 / 0.773). Without that
-# stricter veto real precision fell to 0.756; arrowheads from 0.2 cost it even with one of 0.6.
-NET_THRESHOLDS = {
-    "arrow": 0.4,
-    "arrowhead": 0.3,
-    "asterisk": 0.2,
-    "star": 0.3,
-    "box": 0.3,
-    "circle": 0.2,
-    "inset": 0.5,
-}
-# A rule-based marker scoring below ``_RULE_SURE`` (but an inset, found by its frame) is kept
+# Heat-map peaks of the marker network at or above these become markers of their own (set for
+# recall plus precision on development seeds). Arrows need more than symbols: the network's weak
+# peaks of arrows fall on sharp edges and cell outlines of the texture. Boxes are low for small,
+# thin rectangles (inset sources), which it sees faintly; asterisks and circles lower still, their
+# faint peaks (under ``weak_peak``) held to a stricter veto (``weak_veto``), without which real
+# precision falls. How each level was set and what it measured: services/mining/CHANGELOG.md.
+# A rule-based marker scoring below ``rule_sure`` (but an inset, found by its frame) is kept
 # only when the network sees something there (a peak of at least ``_NET_CANDIDATE``): texture
 # look-alikes pass the rules' shape tests at middling scores, and the network, trained on many
 # panels, rarely peaks on them. Above it the rules are trusted: on the real figures the network
 # (trained on synthetic ones) misses some markers the rules find with high scores.
-_RULE_SURE = 0.85
 # Circles are trusted earlier: the network misses small drawn rings inside insets (real figures),
 # where the rules' ring test is reliable, and without them the inset's kind is all that is left.
 # This only spares them the network's support; the fusion model may still veto a ring under
-# ``_RULE_SURE`` (``_choose``). Both levels are deliberate; one predicate for both costs real
-# precision at unchanged recall (real figures; validation seeds 310001/310002, development
-# seeds 1001/3003): at 0.7 for circles the model can no longer drop three false rings (real
-# 0.789 -> 0.732, validation 0.789/0.757 -> 0.785/0.753), at 0.85 for every kind two true
-# rings go (real 0.789 -> 0.778, synthetic unchanged).
-_RULE_SURE_KIND = {"circle": 0.7}
+# ``rule_sure`` (``_choose``). Both levels are deliberate: one level for both costs real
+# precision at unchanged recall either way (lower, the model can no longer drop false rings;
+# higher for every kind, true rings go; CHANGELOG.md).
 # More network peaks of one kind than this in one panel are texture (puncta, a field of cells
 # alike), not markers: authors mark a few structures, and the rules still find dense markers.
-_NET_CROWD = 3
 # Arrows are rarer look-alikes of texture than dots: a panel with four arrows is common enough.
-_NET_CROWD_KIND: dict[str, int] = {"arrow": 4}
 # A network marker is already explained by a rule-based one when its point lies this close (a
 # fraction of the panel diagonal) to that marker's target box or their glyph boxes overlap.
 _NET_EXPLAINED_MARGIN = 0.02
@@ -2074,48 +2054,30 @@ _NET_EXPLAINED_MARGIN = 0.02
 
 # The learned fusion model overrules the hand-set levels above where it is sure: what they keep
 # only on the network's word (its peaks, rule-based markers of a middling score, anything only
-# the enlarged copy shows) goes when the model gives it less than ``_VETO``; a candidate they
-# drop is reported when the model gives it ``_RESCUE`` or more (both set on training seed 120000
-# and the real figures). The model alone (one level of 0.2 in place of the hand-set ones) finds
-# more on synthetic figures (validation seeds 300001-300003: recall 0.865/0.861/0.873 ->
-# 0.904/0.889/0.917) but not on the real ones: its network evidence, learned on synthetic
-# texture, is weak on real markers and strong on real texture (real recall 0.881 -> 0.810,
-# precision 0.80 -> 0.49). Rule-based markers the rules are sure of stay for the same reason.
-_VETO = 0.2
-_RESCUE = 0.8
+# the enlarged copy shows) goes when the model gives it less than ``veto``; a candidate they
+# drop is reported when the model gives it ``rescue`` or more (both set on training seed 120000
+# and the real figures). The model alone, in place of the hand-set levels, finds more on
+# synthetic figures but not on the real ones: its network evidence, learned on synthetic
+# texture, is weak on real markers and strong on real texture (CHANGELOG.md). Rule-based markers
+# the rules are sure of stay for the same reason.
 # A network peak the levels keep at a score under this needs the model's probability of at
-# least ``_WEAK_VETO``: such faint peaks are texture more often than the levels' usual ones.
-_WEAK_PEAK = 0.3
-_WEAK_VETO = 0.3
+# least ``weak_veto``: such faint peaks are texture more often than the levels' usual ones.
 # Asterisks and stars are rescued earlier: the model's middling probabilities on symbols the levels
 # drop (tiny, or in the panel's own hue) are mostly right, and real figures, where its network
-# evidence is weakest, rarely carry them (validation seeds 320001/320002 and development seed
-# 1001: recall 0.868/0.895/0.901 -> 0.870/0.897/0.904, precision within 0.003; real unchanged).
-# Stars earlier still, and boxes earlier than pointing markers: the model's middling stars are
-# small glyphs of the panel's own hue, its middling boxes thin rectangles (inset sources) the
-# network sees faintly; neither is a common look-alike of real texture (validation seeds
-# 330101/330102 and development seed 1001: recall 0.855/0.899/0.904 -> 0.861/0.907/0.912,
-# precision 0.804/0.791/0.795 -> 0.797/0.786/0.796; real recall unchanged at 0.905, precision
-# 0.780 -> 0.791 as two more boxes find annotated regions). Asterisks or arrowheads at 0.5 cost
-# real precision (0.780 -> 0.744 and 0.711) for at most 0.008 of synthetic recall. With the
-# blended model of the glyph features (below) boxes at 0.3 rather than 0.5 (its probabilities of
-# faint boxes are lower): validation recall 0.872/0.908 -> 0.875/0.915, development seed 1001
-# 0.907 -> 0.910, real unchanged; at 0.2 real precision falls to 0.723.
-_RESCUE_KIND = {"asterisk": 0.6, "star": 0.4, "box": 0.3}
+# evidence is weakest, rarely carry them. Stars earlier still, and boxes earlier than pointing
+# markers: the model's middling stars are small glyphs of the panel's own hue, its middling boxes
+# thin rectangles (inset sources) the network sees faintly; neither is a common look-alike of
+# real texture. Boxes lowest, as the blended model of the glyph features (below) gives faint boxes
+# lower probabilities. Asterisks or arrowheads rescued later cost real precision for little
+# synthetic recall (CHANGELOG.md).
 
 # Measurements of the candidate's own pixels and neighbours, appended to the fusion model's
 # columns. Drawn glyphs are strong, solid ink of a hue the panel has little of; network peaks on
-# texture are faint and of the panel's common hues. A model fitted with them on training seeds
-# 160000-160003 (56,092 candidates) tells true candidates better on synthetic figures (AUC on
-# validation seeds 330101/330102 0.953/0.961 -> 0.961/0.969, recall 0.855/0.899 ->
-# 0.874/0.907) but worse on real ones (AUC 0.843 -> 0.704, precision 0.780 -> 0.702: faint real
-# markers, strong real texture); so is one fitted on twice the figures (real 0.739), and so was
-# one without them (0.721). The shipped model averages its log-odds half and half with the
-# model fitted before (on seeds 120001-120004, the columns before these only;
-# ``train_marker_net --fusion --blend 0.5``): validation recall 0.861/0.907 -> 0.872/0.908,
-# precision 0.797/0.786 -> 0.812/0.791, development seed 1001 0.912 -> 0.907, real recall
-# unchanged, precision 0.791 -> 0.773 (at the levels above; weights 0.3-0.4 gained less,
-# 0.6 cost real precision, 0.733).
+# texture are faint and of the panel's common hues. A model fitted with them alone tells true
+# candidates better on synthetic figures but worse on real ones (faint real markers, strong
+# real texture), so the shipped model averages its log-odds half and half with the model fitted
+# before on the columns before these only (``train_marker_net --fusion --blend 0.5``; the
+# measurements of each choice: CHANGELOG.md, the commands: artifacts/MANIFEST.json).
 _GLYPH_FEATURES = (
     ("contrast", "95th percentile of the colour distance from the background on the glyph, of 255"),
     ("ink_share", "share of the glyph's pixels at least 40 from the background"),
@@ -2184,11 +2146,13 @@ def _net_cands(panel: _Panel, found: list[marker_net.NetMarker], native: _Panel)
     return cands
 
 
-def _find(native_rgb: np.ndarray, *, use_net: bool, net: marker_net.MarkerNet | None = None) -> _Found:
+def _find(
+    native_rgb: np.ndarray, p: MarkerParams, *, use_net: bool, net: marker_net.MarkerNet | None = None
+) -> _Found:
     """The rules (at the native scale and, for a small panel, enlarged) and the network (``net``,
     the shipped one by default) on one panel crop."""
     panel = native = _Panel(native_rgb)
-    rules = _rule_cands(panel)
+    rules = _rule_cands(panel, p)
     scale = _upscale_factor(panel.w, panel.h)
     if scale > 1.0:
         # Glyphs of a small panel are a few pixels: the rules also look at an enlarged copy.
@@ -2199,7 +2163,7 @@ def _find(native_rgb: np.ndarray, *, use_net: bool, net: marker_net.MarkerNet | 
         )
         fx, fy = big.w / panel.w, big.h / panel.h
         rules = [_scaled(c, fx, fy) for c in rules]
-        for extra in _rule_cands(big, glyphs_only=True):
+        for extra in _rule_cands(big, p, glyphs_only=True):
             if not any(_clash(extra, c) for c in rules):
                 rules.append(replace(extra, enlarged=True))
         panel = big
@@ -2400,7 +2364,7 @@ def _supported(rule: _Cand, net: list[_Cand], w: int, h: int) -> bool:
     return False
 
 
-def _hand_fusion(found: _Found) -> list[int]:
+def _hand_fusion(found: _Found, p: MarkerParams) -> list[int]:
     """Indices (rules, then network peaks, as ``fusion_features`` orders them) of the hand-set
     fusion's markers: rule-based markers the network does not contradict, plus the network's
     markers of their kind's level that none of them explains (the rules are precise where they
@@ -2410,14 +2374,14 @@ def _hand_fusion(found: _Found) -> list[int]:
     kept = [
         i
         for i, r in enumerate(rules)
-        if (r.score >= _RULE_SURE_KIND.get(r.kind, _RULE_SURE) and not r.enlarged)
+        if (r.score >= p.rule_sure_kind.get(r.kind, p.rule_sure) and not r.enlarged)
         or r.kind == "inset"
         or _supported(r, net, w, h)
     ]
     strong = sorted(
-        (i for i, c in enumerate(net) if c.score >= NET_THRESHOLDS[c.kind]), key=lambda i: -net[i].score
+        (i for i, c in enumerate(net) if c.score >= p.net_levels[c.kind]), key=lambda i: -net[i].score
     )
-    crowded = _crowded_kinds(net)
+    crowded = _crowded_kinds(net, p)
     explaining = [rules[i] for i in kept]
     added: list[int] = []
     for i in strong:  # best first; a second peak on one glyph (two kinds, two cells) is one marker
@@ -2428,17 +2392,17 @@ def _hand_fusion(found: _Found) -> list[int]:
     return kept + added
 
 
-def _crowded_kinds(net: list[_Cand]) -> set[str]:
-    """Kinds of which the network has more glyphs with a peak at their level than ``_NET_CROWD``
-    (or ``_NET_CROWD_KIND``) in the panel: texture, not markers. Peaks on one glyph count once:
+def _crowded_kinds(net: list[_Cand], p: MarkerParams) -> set[str]:
+    """Kinds of which the network has more glyphs with a peak at their level than ``net_crowd``
+    (or ``net_crowd_kind``) in the panel: texture, not markers. Peaks on one glyph count once:
     the network often peaks at both ends of a block arrow, and a panel of three such arrows is
     not a crowd of six."""
     glyphs: list[_Cand] = []
-    for c in sorted((c for c in net if c.score >= NET_THRESHOLDS[c.kind]), key=lambda c: -c.score):
+    for c in sorted((c for c in net if c.score >= p.net_levels[c.kind]), key=lambda c: -c.score):
         if not any(o.kind == c.kind and _iou(o.glyph, c.glyph) > _SAME_GLYPH_IOU for o in glyphs):
             glyphs.append(c)
     crowd = Counter(c.kind for c in glyphs)
-    return {kind for kind, n in crowd.items() if n > _NET_CROWD_KIND.get(kind, _NET_CROWD)}
+    return {kind for kind, n in crowd.items() if n > p.net_crowd_kind.get(kind, p.net_crowd)}
 
 
 def _one_marker(a: _Cand, b: _Cand, reach: float) -> bool:
@@ -2449,25 +2413,25 @@ def _one_marker(a: _Cand, b: _Cand, reach: float) -> bool:
     return math.hypot(a.point[0] - b.point[0], a.point[1] - b.point[1]) <= reach
 
 
-def _choose(found: _Found, cands: list[_Cand], probability: np.ndarray) -> list[_Cand]:
+def _choose(found: _Found, cands: list[_Cand], probability: np.ndarray, p: MarkerParams) -> list[_Cand]:
     """The hand-set fusion's markers less those the fusion model vetoes, plus those it rescues;
     one per marker (the hand-set fusion's first, then the most probable)."""
-    hand = set(_hand_fusion(found))
+    hand = set(_hand_fusion(found, p))
     n_rules = len(found.rules)
-    crowded = _crowded_kinds(found.net)
+    crowded = _crowded_kinds(found.net, p)
 
     def vetoable(i: int) -> bool:
         c = cands[i]
-        return i >= n_rules or c.score < _RULE_SURE or c.enlarged
+        return i >= n_rules or c.score < p.rule_sure or c.enlarged
 
     def veto(i: int) -> float:
-        return _WEAK_VETO if i >= n_rules and cands[i].score < _WEAK_PEAK else _VETO
+        return p.weak_veto if i >= n_rules and cands[i].score < p.weak_peak else p.veto
 
     picked = [
         i
         for i in range(len(cands))
         if (i in hand and (probability[i] >= veto(i) or not vetoable(i)))
-        or probability[i] >= _RESCUE_KIND.get(cands[i].kind, _RESCUE)
+        or probability[i] >= p.rescue_kind.get(cands[i].kind, p.rescue)
     ]
     picked.sort(key=lambda i: (i not in hand, -probability[i]))
     reach = _SAME_POINT * found.panel.diag
@@ -2577,7 +2541,9 @@ def _orient(panel: _Panel, cand: _Cand) -> _Cand:
     return replace(cand, point=tip, direction=(cand.direction + 180.0) % 360.0, region=None)
 
 
-def detect_markers(image: np.ndarray, panel_box: Box, *, use_net: bool = True) -> list[Marker]:
+def detect_markers(
+    image: np.ndarray, panel_box: Box, *, use_net: bool = True, params: MarkerParams | None = None
+) -> list[Marker]:
     """Markers drawn on one photographic panel of ``image`` (RGB uint8, H x W x 3).
 
     ``panel_box`` is in figure pixels (x2/y2 exclusive); every returned box and point is in
@@ -2588,11 +2554,12 @@ def detect_markers(image: np.ndarray, panel_box: Box, *, use_net: bool = True) -
     if crop is None:
         return []
     native, x0, y0 = crop
-    found = _find(native, use_net=use_net)
+    p = params or load_params().markers
+    found = _find(native, p, use_net=use_net)
     cands = found.rules
     if use_net:
         cands, rows = fusion_features(found)
-        cands = _choose(found, cands, marker_net.shipped_fusion().probability(rows))
+        cands = _choose(found, cands, marker_net.shipped_fusion().probability(rows), p)
     markers = [m for c in cands if (m := _as_marker(c, found, x0, y0)) is not None]
     markers.sort(key=lambda m: -m.confidence)
     return markers
@@ -2642,7 +2609,10 @@ def _as_marker(cand: _Cand, found: _Found, x0: int, y0: int) -> Marker | None:
 
 
 def panel_candidates(
-    image: np.ndarray, panel_box: Box, net: marker_net.MarkerNet | None = None
+    image: np.ndarray,
+    panel_box: Box,
+    net: marker_net.MarkerNet | None = None,
+    params: MarkerParams | None = None,
 ) -> tuple[list[Marker | None], np.ndarray]:
     """Every candidate the fusion model chooses from on one panel, in figure pixels (None where
     its target box is empty), with its ``FUSION_FEATURES`` row: the training data of the fusion
@@ -2652,6 +2622,6 @@ def panel_candidates(
     if crop is None:
         return [], np.zeros((0, len(FUSION_FEATURES)))
     native, x0, y0 = crop
-    found = _find(native, use_net=True, net=net)
+    found = _find(native, params or load_params().markers, use_net=True, net=net)
     cands, rows = fusion_features(found)
     return [_as_marker(c, found, x0, y0) for c in cands], rows

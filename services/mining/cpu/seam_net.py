@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from p2p.mining.artifacts import artifact_path
 from p2p.mining.cpu.marker_net import _dws, _save_atomic, fuse_batchnorm, pad_to_align, to_input
 
 SIDE = 512  # px: the longer side of the copy the network sees
@@ -171,7 +171,7 @@ class BoundaryMaps:
 
 
 def weights_path() -> Path:
-    return Path(str(resources.files("p2p.mining.cpu").joinpath(WEIGHTS_FILE)))
+    return artifact_path(WEIGHTS_FILE)
 
 
 def save_weights(net: SeamNet, path: Path, meta: dict[str, Any]) -> None:

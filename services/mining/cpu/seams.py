@@ -15,7 +15,7 @@ smaller MLP (the cut judge) that also sees which corners of the two parts carry 
 glyph (``segment.corner_glyphs``), and whether that is the corner where the figure's other boxes
 carry theirs (``label_corner``): panels of a labelled figure each carry one in the same corner,
 sub-images of one panel do not. A cut the judge accepts splits the box; the parts are
-tightened to their ink and looked at again (``recurse``, ``MAX_DEPTH`` rounds), with the figure's
+tightened to their ink and looked at again (``recurse``, ``SeamParams.max_depth`` rounds), with the figure's
 boxes as they stand. Both MLPs clip each feature to the range they were trained on before
 standardising (a ReLU MLP extrapolates badly past its data). Weights ship in ``seam_model.json``
 (written by ``train_seams``); inference is plain numpy.
@@ -30,19 +30,20 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 
+from p2p.mining.artifacts import artifact_path
+
 # segment imports this module only when its rules are done, so this import is not circular
 from p2p.mining.cpu import seam_net
 from p2p.mining.cpu.segment import INK_THRESHOLD, corner_glyphs, tight_box
+from p2p.mining.params import SeamParams, load_params
 
 MODEL_FILE = "seam_model.json"
-MAX_DEPTH = 5  # a 3 x 4 grid of touching panels needs four rounds of halving; one more for an uneven cut
 SCALE = 2  # features are computed on a copy shrunk by this factor (cost), seams placed at full size
 MIN_PART = 20  # px (shrunk): no panel is thinner than this
 MIN_PART_SHARE = 0.06  # of the box's length: nor a sliver of the box
@@ -382,7 +383,7 @@ class SeamModel(_Mlp):
             super().__init__(model, FEATURE_NAMES)
             self.cuts = _Mlp(model["cuts"], CUT_FEATURES) if model.get("cuts") else None
             return
-        source = Path(path) if path is not None else Path(str(resources.files("p2p.mining.cpu") / MODEL_FILE))
+        source = Path(path) if path is not None else artifact_path(MODEL_FILE)
         try:
             model = dict(json.loads(source.read_text(encoding="utf-8")))
             super().__init__(model, FEATURE_NAMES)
@@ -522,7 +523,7 @@ def best_seam(
 Cutter = Callable[[IntBox, list[IntBox]], "list[IntBox] | None"]
 
 
-def recurse(boxes: list[IntBox], cut: Cutter, max_depth: int = MAX_DEPTH) -> list[IntBox]:
+def recurse(boxes: list[IntBox], cut: Cutter, max_depth: int) -> list[IntBox]:
     """``boxes`` with each one that ``cut(box, all boxes so far)`` splits in two replaced by its
     first part, the second appended, and both looked at again, ``max_depth`` rounds deep."""
     out = list(boxes)
@@ -548,9 +549,10 @@ def split_boxes(
     model: SeamModel | None = None,
     threshold: float | None = None,
     maps: seam_net.BoundaryMaps | None = None,
+    params: SeamParams | None = None,
 ) -> list[IntBox]:
     """``boxes`` with each box that holds touching panels cut along its seams (recursively,
-    ``MAX_DEPTH``), every part tightened to its ink (``ink``: the figure's ink mask). ``u`` is
+    ``params.max_depth`` rounds), every part tightened to its ink (``ink``: the figure's ink mask). ``u`` is
     the figure's text unit (px), for the label-glyph search; ``threshold`` overrides the
     deciding one (the cut judge's when the model has one, else the line scorer's); ``maps``, the
     figure's boundary maps when the caller already has them."""
@@ -581,4 +583,4 @@ def split_boxes(
                 return None
         return parts
 
-    return recurse(boxes, cut)
+    return recurse(boxes, cut, (params or load_params().seams).max_depth)

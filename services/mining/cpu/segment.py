@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
+from p2p.mining.params import CountParams, SeamParams, SegmentParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import Box
 
@@ -66,7 +67,6 @@ if TYPE_CHECKING:  # the network (and torch) load only when the seam splitter ru
     from p2p.mining.cpu.seam_net import BoundaryMaps
 
 INK_THRESHOLD = 225  # darkest channel below this = ink (as in the annotation notes)
-MAX_ANALYSIS_SIDE = 1600  # larger figures are analysed on an ink-preserving downscale
 MIN_SIDE = 8  # figures smaller than this are one panel (when they hold ink) or nothing
 SPECK_AREA = 4  # ink components this small (px) are noise
 
@@ -715,7 +715,7 @@ def _gutter_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> int | N
 
 
 def _seam_split(
-    mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis: int, *, texture: bool
+    mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, axis: int, p: SegmentParams, *, texture: bool
 ) -> tuple[int, float] | None:
     """Offset of a colour step present in most rows that stands far above the steps next to it,
     or (``texture``) of a change of texture (two images touching, 0-px gutter), with the share
@@ -730,8 +730,8 @@ def _seam_split(
         # A seam only texture shows is looked for in big blocks of images only: touching panels
         # that merged into one (0-px gutters). Within one panel-sized image, a straight change
         # of texture is as often content (a heat map's column, a group's sub-images) as a seam.
-        big = (x2 - x1) * (y2 - y1) >= TEXTURE_MIN_AREA * mask.size
-        return _texture_split(edges, box, u, axis) if dense_part and big else None
+        big = (x2 - x1) * (y2 - y1) >= p.texture_min_area * mask.size
+        return _texture_split(edges, box, u, axis, p) if dense_part and big else None
     strength = edges.profile("step", box, axis)
     inner = strength[margin : length - margin]
     if inner.size == 0 or float(inner.max()) < 20.0:
@@ -769,13 +769,9 @@ def _seam_split(
     return None
 
 
-TEXTURE_MIN_AREA = 0.25  # of the figure: parts this big may hold touching panels
-TEXTURE_BAND = 6  # px of each side compared across a candidate boundary
-TEXTURE_BLOCK = 16  # px along the line per comparison
-TEXTURE_AGREEMENT = 0.85  # of the blocks that must differ across the line
-
-
-def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> tuple[int, float] | None:
+def _texture_split(
+    edges: _EdgeMaps, box: IntBox, u: float, axis: int, p: SegmentParams
+) -> tuple[int, float] | None:
     """A straight line across which the picture changes along (nearly) its whole length: two
     images touching without a gutter whose seam is no stronger than their texture (a calm CT next
     to stripes or a field of dots, where the seam's step drowns among the texture's steps).
@@ -785,11 +781,11 @@ def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> tuple[
     alike, so stripes, fringes and gradients do not split.
     """
     x1, y1, x2, y2 = box
-    band = TEXTURE_BAND
+    band = p.texture_band
     length = (x2 - x1) if axis == 0 else (y2 - y1)
     across = (y2 - y1) if axis == 0 else (x2 - x1)
     margin = max(3, round(3 * u), band + 3)
-    blocks = across // TEXTURE_BLOCK
+    blocks = across // p.texture_block
     if length < 2 * margin + 1 or blocks < 4:
         return None
     channels = [edges.integral_of(c) for c in ("red", "green", "blue")]
@@ -821,14 +817,14 @@ def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> tuple[
 
     wide, _ = differ(1, band)
     agreement = wide.mean(axis=1)
-    if float(agreement.max()) < TEXTURE_AGREEMENT:
+    if float(agreement.max()) < p.texture_agreement:
         return None
     # The difference must be the line's: a little way off it, both bands lie on one side of
     # the seam and agree again. Inside one busy image, bands differ wherever they are put.
     away = 2 * band + 2
     off = np.full_like(agreement, 1.0)
     off[away:-away] = np.maximum(agreement[: -2 * away], agreement[2 * away :])
-    seam = (agreement >= TEXTURE_AGREEMENT) & (off <= 0.35)
+    seam = (agreement >= p.texture_agreement) & (off <= 0.35)
     if not seam.any():
         return None
     # the seam itself: where narrow bands right beside the line differ most
@@ -838,7 +834,9 @@ def _texture_split(edges: _EdgeMaps, box: IntBox, u: float, axis: int) -> tuple[
     return int(cs[best]), float(agreement[best])
 
 
-def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, depth: int = 0) -> list[IntBox]:
+def _split_dense(
+    mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, p: SegmentParams, depth: int = 0
+) -> list[IntBox]:
     """Guillotine-split a part along straight boundaries: dense parts (images), and big parts of
     any kind (touching panels join plots and images into one blob)."""
     x1, y1, x2, y2 = box
@@ -862,7 +860,7 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
         seams = [
             (seam, axis)
             for axis in (0, 1)
-            if (seam := _seam_split(mask, edges, box, u, axis, texture=texture))
+            if (seam := _seam_split(mask, edges, box, u, axis, p, texture=texture))
         ]
         if seams:
             (offset, _), axis = max(seams, key=lambda item: item[0][1])
@@ -877,7 +875,7 @@ def _split_dense(mask: np.ndarray, edges: _EdgeMaps, box: IntBox, u: float, dept
         for piece in (without_sliver(mask, left, axis, True), without_sliver(mask, right, axis, False)):
             tight = tight_box(mask, piece)
             if tight is not None:
-                out.extend(_split_dense(mask, edges, tight, u, depth + 1))
+                out.extend(_split_dense(mask, edges, tight, u, p, depth + 1))
         return out
     return [box]
 
@@ -1204,7 +1202,7 @@ def segment_panels(
     seams: bool = True,
     named: int | None = None,
 ) -> list[PanelCandidate]:
-    """Panel boxes (``segment_figure`` without the analysis)."""
+    """Panel boxes (``segment_figure`` without the analysis), with the shipped parameters."""
     return segment_figure(image, labels=labels, seams=seams, named=named).panels
 
 
@@ -1214,6 +1212,9 @@ def segment_figure(
     labels: list[LabelDetection] | None = None,
     seams: bool = True,
     named: int | None = None,
+    params: SegmentParams | None = None,
+    seam_params: SeamParams | None = None,
+    count_params: CountParams | None = None,
 ) -> Segmentation:
     """Panel boxes (figure pixels, x2/y2 exclusive) with a confidence each.
 
@@ -1225,6 +1226,7 @@ def segment_figure(
     seams are cut until that many, when fewer, boxes that are halves of one rectangle are
     joined (``p2p.mining.cpu.count_guided``).
     """
+    p = params or load_params().segment
     rgb = _as_rgb(image)
     height, width = rgb.shape[:2]
     if height == 0 or width == 0:
@@ -1237,7 +1239,7 @@ def segment_figure(
         return Segmentation([PanelCandidate(box=_float_box(box), confidence=0.3)] if box else [])
 
     _remove_border_rules(full_mask)
-    factor = max(1, math.ceil(max(height, width) / MAX_ANALYSIS_SIDE))
+    factor = max(1, math.ceil(max(height, width) / p.max_analysis_side))
     if factor > 1:
         mask = _downscale_max(full_mask, factor)
         small = cv2.resize(rgb, (mask.shape[1], mask.shape[0]), interpolation=cv2.INTER_AREA)
@@ -1296,7 +1298,7 @@ def segment_figure(
 
     edges.mask = content.astype(bool)
     edges._cache.pop("ink", None)
-    parts, major = _parts(edges.mask, edges, u)
+    parts, major = _parts(edges.mask, edges, u, p)
     if not given:
         # labels printed against an image's edge (0-2 px gutters) are fused to it
         guessed = len(candidate_boxes)
@@ -1312,7 +1314,7 @@ def segment_figure(
                 guessed = _add_fringe_glyphs(candidate_boxes, guessed, (x1, y1, x2, y2))
     if not given:
         candidate_boxes = [_clip_out_of_parts(mask, box, parts, major) for box in candidate_boxes]
-    parts, major = _split_at_labels(content, edges, gray, parts, major, candidate_boxes, u)
+    parts, major = _split_at_labels(content, edges, gray, parts, major, candidate_boxes, u, p)
     label_boxes, anchors = _anchor_labels(candidate_boxes, parts, major, glyphs.stats, u, trust=bool(given))
     # rejected guesses are ordinary content again
     rejected = rejected_guesses(candidate_boxes, label_boxes)
@@ -1321,7 +1323,7 @@ def segment_figure(
             parts.append(box)
             major.append(False)
             anchors.append(-1)
-    dense = [float(content[b[1] : b[3], b[0] : b[2]].mean()) >= 0.85 for b in parts]
+    dense = [float(content[b[1] : b[3], b[0] : b[2]].mean()) >= p.dense_fill for b in parts]
     # image parts with a label printed inside a corner head their own panel too (one corner for
     # the whole figure, shared by most of its unlabelled images)
     outside = sum(1 for a in anchors if a >= 0)
@@ -1359,12 +1361,12 @@ def segment_figure(
     for x1, y1, x2, y2 in rejected:
         keep_mask[y1:y2, x1:x2] |= mask[y1:y2, x1:x2]
     results: list[PanelCandidate] = []
-    min_major = 4.0 * u
+    min_major = p.min_panel_units * u
     heights = [b[3] - b[1] for b in label_boxes]
     for cluster in clusters:
         cb = cluster.box
         w, h = cb[2] - cb[0], cb[3] - cb[1]
-        if not cluster.major and not (min(w, h) >= min_major and w * h >= 0.02 * mh * mw):
+        if not cluster.major and not (min(w, h) >= min_major and w * h >= p.min_panel_share * mh * mw):
             continue
         tight = tight_box(keep_mask, (cb[0], cb[1], cb[2], cb[3]))
         if tight is None:
@@ -1378,7 +1380,11 @@ def segment_figure(
             if refined is None:
                 continue
             tight = refined
-        confidence = 0.9 if cluster.anchor >= 0 else (0.7 if cluster.major else 0.5)
+        confidence = (
+            p.labelled_confidence
+            if cluster.anchor >= 0
+            else (p.major_confidence if cluster.major else p.minor_confidence)
+        )
         results.append(PanelCandidate(box=_float_box(tight), confidence=confidence))
     if seams and results:
         # parts are tightened to the content the rules kept (label glyphs in a gutter between
@@ -1394,9 +1400,11 @@ def segment_figure(
         analysis.maps, analysis.ink = maps, keep_ink
         # a cut beside a panel's outline can leave a line of it as a "panel" of its own (1 px
         # tall); gone before the count is compared, the panels it was cut from may be cut right
-        results = _without_lines(_split_seams(rgb, keep_ink, u * factor, results, maps))
+        results = _without_lines(
+            _split_seams(rgb, keep_ink, u * factor, results, maps, seam_params, p.major_confidence)
+        )
         if named is not None and named != len(results):
-            results = _without_lines(_to_count(rgb, keep_ink, results, named, maps))
+            results = _without_lines(_to_count(rgb, keep_ink, results, named, maps, count_params))
     if not results:
         box = tight_box(full_mask, (0, 0, width, height))
         if box is not None:
@@ -1413,28 +1421,39 @@ def _int_boxes(panels: list[PanelCandidate]) -> list[IntBox]:
 
 
 def _split_seams(
-    rgb: np.ndarray, ink: np.ndarray, u: float, panels: list[PanelCandidate], maps: BoundaryMaps
+    rgb: np.ndarray,
+    ink: np.ndarray,
+    u: float,
+    panels: list[PanelCandidate],
+    maps: BoundaryMaps,
+    params: SeamParams | None,
+    split_confidence: float,
 ) -> list[PanelCandidate]:
     """Boxes of touching panels the rules left whole, cut along their seams (``u``: the text
     unit, full size). A cut box's first part keeps its confidence; the parts split off it get
-    0.7, a rule box's confidence without a label (``split_boxes`` does not say whose part a new
-    box is)."""
+    ``split_confidence``, a rule box's confidence without a label (``split_boxes`` does not say
+    whose part a new box is)."""
     from p2p.mining.cpu.seams import split_boxes  # the seam splitter reuses this module's masks
 
     boxes = _int_boxes(panels)
-    split = split_boxes(rgb, boxes, ink=ink, u=u, maps=maps)
+    split = split_boxes(rgb, boxes, ink=ink, u=u, maps=maps, params=params)
     if split == boxes:
         return panels
     confidences = [p.confidence for p in panels]
     # split_boxes keeps each box's index for its first part and appends the others
     return [
-        PanelCandidate(box=_float_box(b), confidence=confidences[k] if k < len(panels) else 0.7)
+        PanelCandidate(box=_float_box(b), confidence=confidences[k] if k < len(panels) else split_confidence)
         for k, b in enumerate(split)
     ]
 
 
 def _to_count(
-    rgb: np.ndarray, ink: np.ndarray, panels: list[PanelCandidate], named: int, maps: BoundaryMaps
+    rgb: np.ndarray,
+    ink: np.ndarray,
+    panels: list[PanelCandidate],
+    named: int,
+    maps: BoundaryMaps,
+    params: CountParams | None,
 ) -> list[PanelCandidate]:
     """``panels`` cut or joined towards the ``named`` panels of the caption."""
     from p2p.mining.cpu.count_guided import merge_to_count, split_to_count  # it reuses this module
@@ -1442,9 +1461,9 @@ def _to_count(
     boxes = _int_boxes(panels)
     confidences = [p.confidence for p in panels]
     if named > len(boxes):
-        boxes, confidences = split_to_count(rgb, ink, boxes, confidences, named, maps=maps)
+        boxes, confidences = split_to_count(rgb, ink, boxes, confidences, named, maps=maps, params=params)
     else:
-        boxes, confidences = merge_to_count(boxes, confidences, named, maps=maps)
+        boxes, confidences = merge_to_count(boxes, confidences, named, maps=maps, params=params)
     return [PanelCandidate(box=_float_box(b), confidence=c) for b, c in zip(boxes, confidences, strict=True)]
 
 
@@ -1613,7 +1632,9 @@ def rejected_guesses(candidates: list[IntBox], accepted: list[IntBox]) -> list[I
     ]
 
 
-def _parts(content: np.ndarray, edges: _EdgeMaps, u: float) -> tuple[list[IntBox], list[bool]]:
+def _parts(
+    content: np.ndarray, edges: _EdgeMaps, u: float, p: SegmentParams
+) -> tuple[list[IntBox], list[bool]]:
     """Blobs of content ink (1-2 px gaps bridged), overlapping boxes merged, dense ones split."""
     dilated = cv2.dilate(content.astype(np.uint8), np.ones((3, 3), np.uint8))
     n, _, stats, _ = cv2.connectedComponentsWithStats(dilated, connectivity=8)
@@ -1631,7 +1652,7 @@ def _parts(content: np.ndarray, edges: _EdgeMaps, u: float) -> tuple[list[IntBox
         tight = tight_box(content, (int(row[0]), int(row[1]), int(row[2]), int(row[3])))
         if tight is None:
             continue
-        for piece in _split_dense(content, edges, tight, u):
+        for piece in _split_dense(content, edges, tight, u, p):
             parts.append(piece)
             major.append(_is_major(content, piece, u))
     return parts, major
@@ -1669,6 +1690,7 @@ def _split_at_labels(
     major: list[bool],
     labels: list[IntBox],
     u: float,
+    p: SegmentParams,
 ) -> tuple[list[IntBox], list[bool]]:
     """Each label marks one panel: an image part headed by a label at its top-left corner and
     by more labels of that size further along its top edge (or down its left side) holds as
@@ -1690,7 +1712,7 @@ def _split_at_labels(
         if len(pieces) > 1:
             # a seam running along one row of images only is too short to be seen across the
             # whole part; within the row, once cut off, it runs the row's full length
-            pieces = [piece for cut in pieces for piece in _split_dense(edges.mask, edges, cut, u)]
+            pieces = [piece for cut in pieces for piece in _split_dense(edges.mask, edges, cut, u, p)]
         out_parts.extend(pieces)
         out_major.extend(_is_major(content, piece, u) for piece in pieces)
     return out_parts, out_major

@@ -9,7 +9,7 @@ maps, L1 on offsets, box sides and direction at the point cells. Deterministic g
 
     python -m p2p.mining.cpu.train_marker_net --data /tmp/marker-a --data /tmp/marker-b \\
         --figures 1600 --data-seed 100000 --seed 0 --steps 7000 --batch 12 --patch 256 \\
-        --threads 1 --out services/mining/cpu/marker_net.pt
+        --threads 1 --out services/mining/artifacts/marker_net.pt
 
 (the shipped weights: 3200 figures of seeds 100000 and 100001, 16 minutes on one thread).
 Continuing them for 5500 more steps (``--init``, ``--lr 1.5e-3``, 1600 figures of seed 100000
@@ -34,7 +34,7 @@ one (the strict rule), fitted by scikit-learn's gradient-boosted trees:
 
     python -m p2p.mining.cpu.train_marker_net --fusion --data /tmp/fusion-a --data /tmp/fusion-b \\
         --data /tmp/fusion-c --data /tmp/fusion-d --figures 400 --data-seed 120001 \\
-        --out services/mining/cpu/marker_net.pt
+        --out services/mining/artifacts/marker_net.pt
 
 (the first shipped fusion model: 400 figures each of seeds 120001-120004, 55,224 candidates,
 about six minutes on one thread). The shipped one is that model blended half and half (their
@@ -43,7 +43,7 @@ figures each of seeds 160000-160003 (56,092 candidates):
 
     python -m p2p.mining.cpu.train_marker_net --fusion --blend 0.5 --data /tmp/fusion-e \\
         --data /tmp/fusion-f --data /tmp/fusion-g --data /tmp/fusion-h --figures 400 \\
-        --data-seed 160000 --out services/mining/cpu/marker_net.pt
+        --data-seed 160000 --out services/mining/artifacts/marker_net.pt
 
 (``--blend`` keeps the model already in ``--out`` and adds the new one's trees; it reads the
 columns it was fitted on, the first ones. Alone the new model found more on synthetic figures

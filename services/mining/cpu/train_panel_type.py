@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from p2p.mining.artifacts import artifact_path
 from p2p.mining.cpu.panel_type import FEATURE_NAMES, MODEL_FILE, PanelTypeClassifier, panel_features
 from p2p.mining.types import PANEL_TYPES
 
@@ -401,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", type=int, default=3000, help="synthetic training panels drawn directly")
     parser.add_argument("--figures", type=int, default=150, help="whole synthetic figures cut into panels")
     parser.add_argument("--test", type=int, default=800, help="held-out synthetic panels")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name(MODEL_FILE))
+    parser.add_argument("--out", type=Path, default=artifact_path(MODEL_FILE))
     parser.add_argument("--report", type=Path, default=None, help="also write the report as JSON here")
     parser.add_argument("--cache", type=Path, default=None, help="npz to keep/reuse the synthetic features")
     args = parser.parse_args(argv)

@@ -11,7 +11,7 @@ augmentation and initialisation), CPU only, ``--threads`` torch threads.
 
     python -m p2p.mining.cpu.train_seam_net --data /tmp/seamnet/d140000 --data /tmp/seamnet/d140001 \\
         --figures 1500 --data-seed 140000 --seed 0 --steps 3500 --batch 8 --patch 384 \\
-        --threads 1 --out services/mining/cpu/seam_net.pt
+        --threads 1 --out services/mining/artifacts/seam_net.pt
 
 (the shipped weights: 3000 figures of seeds 140000 and 140001, 21 minutes on one thread).
 

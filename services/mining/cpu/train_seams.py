@@ -8,7 +8,7 @@ overconfident):
         --held-seeds 110010-110011 --per-seed 200 --out /tmp/seams/n1/lines.json
     python -m p2p.mining.cpu.train_seams --data /tmp/seams/train --seeds 110012-110021 \\
         --held-seeds 110022-110023 --per-seed 200 --lines /tmp/seams/n1/lines.json --judge \\
-        --judge-threshold 0.95 --out services/mining/cpu/seam_model.json
+        --judge-threshold 0.95 --out services/mining/artifacts/seam_model.json
 
 The first run's line scorer is the one shipped at commit 8127308 (trained in 65b597c):
 ``git show 8127308:services/mining/cpu/seam_model.json > /tmp/seams/n1/lines.json`` gives it
@@ -19,7 +19,7 @@ Figures are synthesised (``p2p synth DATA/SEED --count PER_SEED --seed SEED``; s
 are reserved for this model) unless DATA/SEED already holds them. The rules of ``segment_panels``
 (without the seam splitter) box each figure (kept in DATA/SEED/rule_boxes-*.json, named by the
 rules' source). Each figure is then walked as ``split_boxes`` goes through it (``walk``): every
-box, and after a cut its parts with the figure's boxes updated, down to ``MAX_DEPTH``, but cut
+box, and after a cut its parts with the figure's boxes updated, down to ``SeamParams.max_depth``, but cut
 where the ground truth says, so parts at every depth are seen as at inference. Every candidate
 line of a box is labelled from the ground truth: a seam when the panels in the box fall on both
 sides of it and none crosses it (panels reaching a fifth of their area into the box count;
@@ -66,7 +66,6 @@ from p2p.mining.cpu.eval_panels import load_image
 from p2p.mining.cpu.seams import (
     CUT_FEATURES,
     FEATURE_NAMES,
-    MAX_DEPTH,
     Corners,
     IntBox,
     SeamModel,
@@ -78,6 +77,7 @@ from p2p.mining.cpu.seams import (
     top_seam,
 )
 from p2p.mining.cpu.segment import ink_mask, segment_figure
+from p2p.mining.params import load_params
 from p2p.shared import geometry
 
 TOLERANCE = 2  # px: a line this close to both panels' edges still separates them
@@ -289,7 +289,7 @@ def walk(
         parts = cut_parts(image, ink, box, best[1], best[2])[2]
         return parts if len(parts) == 2 else None
 
-    recurse(figure.boxes, cut, MAX_DEPTH)
+    recurse(figure.boxes, cut, load_params().seams.max_depth)
 
 
 def collect(

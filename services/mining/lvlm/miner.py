@@ -33,7 +33,8 @@ from p2p.mining.lvlm.stages import (
     verify_panels,
 )
 from p2p.mining.lvlm.voting import VotedPanel
-from p2p.mining.pipeline import CpuMiner, CpuMinerParams
+from p2p.mining.params import CpuParams
+from p2p.mining.pipeline import CpuMiner
 from p2p.mining.types import CaptionSplit, MinedPanel, MiningResult, Region
 from p2p.shared import geometry
 from p2p.shared.settings import LvlmSettings
@@ -48,7 +49,7 @@ SNAP_IOU = 0.9  # a voted panel takes the CPU's pixel-exact box when they overla
 
 @dataclass(frozen=True)
 class LvlmParams:
-    cpu: CpuMinerParams
+    cpu: CpuParams
     settings: LvlmSettings
 
     def as_dict(self) -> dict[str, Any]:
