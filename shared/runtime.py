@@ -79,13 +79,19 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
     if settings.embedded_db:
         embedded_pg = EmbeddedPostgres(settings.data_dir / "pg")
         url = embedded_pg.start()
-        migrate.upgrade(url)
     else:
         assert settings.db.url is not None
         url = settings.db.url
-    engine = make_engine(url, settings.db)
     try:
-        if not settings.embedded_db:
+        engine = make_engine(url, settings.db)
+    except BaseException:
+        if embedded_pg is not None:
+            embedded_pg.stop()
+        raise
+    try:
+        if embedded_pg is not None:
+            migrate.upgrade(url)
+        else:
             _check_schema(engine)
         store = build_store(settings)
         app = configure_celery(settings)

@@ -382,6 +382,15 @@ def db_upgrade(revision: str = "head") -> None:
     out.print(f"database at {revision}")
 
 
+def _refuse_open_bind_without_keys(settings: Settings, host: str) -> None:
+    if not settings.auth_required and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            "[red]refusing to serve without API keys on a non-loopback address; "
+            "set P2P_AUTH__REQUIRED=true or bind 127.0.0.1[/red]"
+        )
+        raise typer.Exit(2)
+
+
 def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | None) -> None:
     """Run one service API with uvicorn; without API keys only on a loopback address."""
     import uvicorn
@@ -389,12 +398,7 @@ def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | 
     settings = _settings()
     host = host or settings.server.host
     port = port if port is not None else settings.server.port
-    if not settings.auth_required and host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(
-            "[red]refusing to serve without API keys on a non-loopback address; "
-            "set P2P_AUTH__REQUIRED=true or bind 127.0.0.1[/red]"
-        )
-        raise typer.Exit(2)
+    _refuse_open_bind_without_keys(settings, host)
     logging.getLogger().setLevel(settings.log_level)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
 
@@ -545,8 +549,7 @@ def demo(
             f"serving the ingest API on http://{settings.server.host}:{p} (docs: /docs) and the search "
             f"viewer and embedding API on http://{settings.server.host}:{p + 1}/; Ctrl-C stops both"
         )
-        _serve_embedding_in_background(settings, p + 1)
-        serve_ingest(host=None, port=p)
+        serve_demo(settings, p)
 
 
 def _synthetic_corpus(folder: Path, count: int) -> Path:
@@ -669,17 +672,41 @@ def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
         runtime.close()
 
 
-def _serve_embedding_in_background(settings: Settings, port: int) -> None:
+def serve_demo(settings: Settings, port: int) -> None:
+    """Serve the ingest API on ``port`` and the embedding API with the viewer on ``port + 1`` from one
+    runtime (one embedded database, one task pool) until interrupted."""
     import threading
 
     import uvicorn
 
-    from p2p.embedding_api.app import create_app
+    from p2p.embedding_api.app import create_app as create_embedding_app
+    from p2p.ingest.app import create_app as create_ingest_app
 
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host=settings.server.host, port=port, log_level="warning")
-    )
-    threading.Thread(target=server.run, name="embedding-api", daemon=True).start()
+    _refuse_open_bind_without_keys(settings, settings.server.host)
+    runtime = _runtime(settings)
+    try:
+        embedding = uvicorn.Server(
+            uvicorn.Config(
+                create_embedding_app(runtime=runtime),
+                host=settings.server.host,
+                port=port + 1,
+                log_level="warning",
+            )
+        )
+        thread = threading.Thread(target=embedding.run, name="embedding-api", daemon=True)
+        thread.start()
+        try:
+            uvicorn.run(
+                create_ingest_app(runtime=runtime),
+                host=settings.server.host,
+                port=port,
+                log_level=settings.log_level.lower(),
+            )
+        finally:
+            embedding.should_exit = True
+            thread.join(timeout=30)
+    finally:
+        runtime.close()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from alembic import command
@@ -9,6 +10,10 @@ from alembic.config import Config
 from sqlalchemy import Engine, inspect
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# Alembic's `context` is one module-level proxy: two threads of a process migrating at once (two
+# API servers starting together) would run in each other's context. Other processes wait on the
+# database's advisory lock instead (migrations/env.py).
+_alembic_lock = threading.Lock()
 
 
 def alembic_config(url: str) -> Config:
@@ -20,11 +25,13 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    with _alembic_lock:
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str) -> None:
-    command.downgrade(alembic_config(url), revision)
+    with _alembic_lock:
+        command.downgrade(alembic_config(url), revision)
 
 
 def current_revision(engine: Engine) -> str | None:

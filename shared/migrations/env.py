@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import create_engine, pool, text
 
 from p2p.shared.db import models  # noqa: F401  (registers the tables)
 from p2p.shared.db.base import Base, is_migrated_name
 
 target_metadata = Base.metadata
+# Servers sharing one database (the two APIs of `p2p demo`, replicas starting together) may migrate
+# at once: one waits for the other's transaction, then finds the schema current.
+MIGRATION_LOCK_KEY = 0x70327032
 
 
 def run_migrations_offline() -> None:
@@ -31,6 +34,7 @@ def run_migrations_online() -> None:
             include_name=is_migrated_name,
         )
         with context.begin_transaction():
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             context.run_migrations()
     engine.dispose()
 
