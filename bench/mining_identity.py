@@ -5,6 +5,8 @@
         --out bench/results/mining-identity-a0df353.json
     # mine with this tree (or --checkout DIR) and compare with the recording
     .venv/bin/python bench/mining_identity.py compare bench/results/mining-identity-a0df353.json
+    # speed: two checkouts on the same figures, interleaved A B B A (--rounds times)
+    nice -n 10 .venv/bin/python bench/mining_identity.py speed --a /tmp/p2p-a0df353 --b . --rounds 2
 
 Figures: ../shared/data/real-figures and ../shared/data/real-dev (both splits), every figure
 with its caption. Compared: panels (box, label, label box, figure type and its confidence,
@@ -138,18 +140,28 @@ def figures() -> list[tuple[str, Path, str]]:
 def _child(out: Path) -> None:
     """Runs in the child process, with the checkout's ``p2p`` first on ``sys.path``."""
     import numpy as np
+    import torch
     from PIL import Image
 
     from p2p.mining.pipeline import CpuMiner
 
+    torch.set_num_threads(1)  # as a mining worker runs (settings.mining.torch_threads)
     miner = CpuMiner()
     records: dict[str, Any] = {}
-    started = time.perf_counter()
+    inputs = []
     for key, path, caption in figures():
         with Image.open(path) as img:
-            image = np.asarray(img.convert("RGB"))
+            inputs.append((key, np.asarray(img.convert("RGB")), caption))
+    miner.mine(inputs[0][1], inputs[0][2])  # warm-up: first-call costs are not the miner's speed
+    started, cpu_started = time.perf_counter(), time.process_time()
+    for key, image, caption in inputs:
         records[key] = result_record(miner.mine(image, caption))
-    payload = {"figures": records, "digest": digest(records), "seconds": time.perf_counter() - started}
+    payload = {
+        "figures": records,
+        "digest": digest(records),
+        "seconds": time.perf_counter() - started,
+        "cpu_seconds": time.process_time() - cpu_started,
+    }
     out.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
 
 
@@ -187,6 +199,42 @@ def compare(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _speed(a: Path, b: Path, rounds: int) -> int:
+    """Each checkout mines every figure in a process of its own (one torch thread, models loaded
+    and one figure mined before the clock starts), A B B A ``rounds`` times; the ratios of the
+    sums cancel the machine's drift between runs."""
+    totals: dict[str, dict[str, float]] = {
+        "a": {"seconds": 0.0, "cpu_seconds": 0.0},
+        "b": dict.fromkeys(("seconds", "cpu_seconds"), 0.0),
+    }
+    runs = []
+    for _ in range(rounds):
+        for side in ("a", "b", "b", "a"):
+            mined = mine_with(a if side == "a" else b)
+            for key in ("seconds", "cpu_seconds"):
+                totals[side][key] += mined[key]
+            runs.append(
+                {
+                    "side": side,
+                    "seconds": round(mined["seconds"], 2),
+                    "cpu_seconds": round(mined["cpu_seconds"], 2),
+                    "digest": mined["digest"],
+                }
+            )
+            print(json.dumps(runs[-1]), flush=True)
+    report = {
+        "a": str(a),
+        "b": str(b),
+        "figures": len(figures()),
+        "runs": runs,
+        "wall_ratio_b_over_a": totals["b"]["seconds"] / totals["a"]["seconds"],
+        "cpu_ratio_b_over_a": totals["b"]["cpu_seconds"] / totals["a"]["cpu_seconds"],
+        "same_outputs": len({r["digest"] for r in runs}) == 1,
+    }
+    print(json.dumps(report, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -198,6 +246,10 @@ def main() -> int:
     check = sub.add_parser("compare")
     check.add_argument("recording", type=Path)
     check.add_argument("--checkout", type=Path, default=None)
+    speed = sub.add_parser("speed")
+    speed.add_argument("--a", type=Path, required=True, help="the reference checkout")
+    speed.add_argument("--b", type=Path, required=True, help="the checkout measured against it")
+    speed.add_argument("--rounds", type=int, default=2, help="A B B A this many times")
     child = sub.add_parser("_child")
     child.add_argument("out", type=Path)
     args = parser.parse_args()
@@ -205,6 +257,8 @@ def main() -> int:
     if args.command == "_child":
         _child(args.out)
         return 0
+    if args.command == "speed":
+        return _speed(args.a, args.b, args.rounds)
     mined = mine_with(args.checkout)
     if args.command == "record":
         args.out.parent.mkdir(parents=True, exist_ok=True)

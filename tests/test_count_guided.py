@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2p.mining.cpu import count_guided, seam_net
-from p2p.mining.cpu.count_guided import merge_to_count, split_to_count
-from p2p.mining.cpu.segment import ink_mask, segment_panels
+from p2p.mining.cpu.segmentation import count_guided, seam_net
+from p2p.mining.cpu.segmentation.count_guided import merge_to_count, split_to_count
+from p2p.mining.cpu.segmentation.segment import ink_mask, segment_panels
 from p2p.mining.params import load_params
 from p2p.mining.pipeline import CpuMiner
 from p2p.mining.synth.figure import generate_figure
@@ -192,7 +192,7 @@ def test_a_join_reaching_into_another_panel_is_not_made() -> None:
 
 
 def test_the_miner_joins_a_plot_cut_at_its_axis(monkeypatch: pytest.MonkeyPatch) -> None:
-    import p2p.mining.cpu.segment as segment
+    import p2p.mining.cpu.segmentation.segment as segment
 
     image = np.full((320, 420, 3), 255, np.uint8)
     image[20:300, 120:400] = 90  # the plot's area
@@ -205,10 +205,12 @@ def test_the_miner_joins_a_plot_cut_at_its_axis(monkeypatch: pytest.MonkeyPatch)
         segment.PanelCandidate(box=(60.0, 20.0, 118.0, 300.0), confidence=0.9),
         segment.PanelCandidate(box=(120.0, 20.0, 400.0, 300.0), confidence=0.9),
     ]
-    monkeypatch.setattr("p2p.mining.cpu.segment.segment_panels", lambda image, named=None: list(found))
+    monkeypatch.setattr(
+        "p2p.mining.pipeline.segment_figure", lambda image, **_: segment.Segmentation(list(found))
+    )
     reads = ["A", None, "B"]
-    monkeypatch.setattr("p2p.mining.cpu.labels.find_labels", lambda image, panels: [])
-    monkeypatch.setattr("p2p.mining.cpu.labels.assign_labels", lambda panels, detections: list(reads))
+    monkeypatch.setattr("p2p.mining.pipeline.find_labels", lambda image, panels, **_: [])
+    monkeypatch.setattr("p2p.mining.pipeline.assign_labels", lambda panels, detections, **_: list(reads))
     result = CpuMiner(load_text_encoder=False).mine(image, "(A) Scheme. (B) Plot.")
     assert [(p.box, p.label) for p in result.panels] == [
         ((10.0, 10.0, 50.0, 300.0), "A"),

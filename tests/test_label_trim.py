@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 import pytest
 
-from p2p.mining.cpu.label_trim import trim_labels
-from p2p.mining.cpu.segment import Analysis, segment_figure
+from p2p.mining.cpu.labels.trim import trim_labels
+from p2p.mining.cpu.segmentation.segment import Analysis, segment_figure
 from p2p.mining.pipeline import CpuMiner
 from p2p.mining.synth.figure import generate_figure
 from p2p.mining.types import LabelDetection, PanelCandidate

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from p2p.mining.cpu.labels import assign_labels, find_labels, normalize_label, reading_order
-from p2p.mining.cpu.segment import segment_figure, segment_panels
+from p2p.mining.cpu.labels.read import assign_labels, find_labels, normalize_label, reading_order
+from p2p.mining.cpu.segmentation.segment import segment_figure, segment_panels
 from p2p.mining.params import load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 
@@ -33,7 +33,7 @@ def panel(box: tuple[float, float, float, float]) -> PanelCandidate:
 def recogniser_input(pil: Image.Image) -> np.ndarray:
     """The recogniser's input for a label printed black on white in ``pil``: its ink's box,
     prepared as the OCR stage prepares a crop."""
-    from p2p.mining.cpu.labels import _prepare_crop
+    from p2p.mining.cpu.labels.read import _prepare_crop
 
     grey = np.asarray(pil)
     ys, xs = np.nonzero(grey < 128)
@@ -215,7 +215,7 @@ def test_clear_reading_off_the_series_rank_takes_the_series_case() -> None:
 
 
 def test_second_look_reads_other_preparations_in_the_figures_style() -> None:
-    import p2p.mining.cpu.labels as labels_module
+    import p2p.mining.cpu.labels.read as labels_module
 
     class Recogniser:
         """Reads "1" (a "1d" whose "d" the opened gaps split) unless the crop is prepared
@@ -322,7 +322,7 @@ def test_find_labels_without_panels_or_text() -> None:
 def test_text_detector_looks_at_every_panel_without_a_reading(monkeypatch: pytest.MonkeyPatch) -> None:
     # segmentation may swallow the labels' strip into the panels: then most panels have no
     # reading from the glyph searches, and each of them still gets the detector's look
-    import p2p.mining.cpu.labels as labels_module
+    import p2p.mining.cpu.labels.read as labels_module
 
     boxes = [(10 + 130 * c, 10 + 130 * r, 130 + 130 * c, 130 + 130 * r) for r in range(2) for c in range(3)]
     pil, _ = textured_figure((410, 280), boxes, 120, seed=3)
@@ -444,7 +444,7 @@ def test_ocr_reads_small_downscaled_parenthesised_labels_on_grey_images() -> Non
 def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
     """The recogniser merges repeated i's ("iii" -> "i"); the glyph shapes in the crop give the
     count back."""
-    from p2p.mining.cpu.labels import _count_strokes
+    from p2p.mining.cpu.labels.read import _count_strokes
 
     def crop_of(text: str, face: str = "DejaVuSerif.ttf") -> np.ndarray:
         """The recogniser's input for a printed label: glyphs scaled to one height, gaps opened."""
@@ -534,7 +534,7 @@ def test_readings_exactly_at_their_ranks_outweigh_confusions_in_choosing_the_ord
     """Numerals labelled column by column: "i", "ii", "iii" down the first column are exactly the
     column order's labels; the row order explains as many readings only as confusions ("1" for
     "iii", "V" for "vi"), which count half."""
-    from p2p.mining.cpu.labels import _repair_sequence
+    from p2p.mining.cpu.labels.read import _repair_sequence
 
     orders = [[0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 6, 2, 3, 7, 4, 5, 8]]
     texts = {0: "i", 6: "iii", 3: "V", 2: "1", 1: "ii", 8: "X", 5: "V", 7: "I", 4: "i"}
@@ -579,7 +579,7 @@ def test_a_reading_of_the_figures_kind_wins_its_panel_over_a_speck_of_another() 
 
 def test_figure_number_labels_and_digits_are_one_kind() -> None:
     """OCR reads "3c" as "30": a digit reading is of the kind of "1a" labels, no speck."""
-    from p2p.mining.cpu.labels import _in_style
+    from p2p.mining.cpu.labels.read import _in_style
 
     assert _in_style("30", "3+lower") and _in_style("3a", "digit")
     assert not _in_style("40", "upper") and not _in_style("R", "roman")
@@ -588,7 +588,7 @@ def test_figure_number_labels_and_digits_are_one_kind() -> None:
 def test_numeral_i_s_joined_by_their_serifs_are_counted_from_the_dots() -> None:
     """Bold serif "iii" set tight: the serifs join the stems into one shape; the dots still
     stand apart and give the count."""
-    from p2p.mining.cpu.labels import _count_strokes
+    from p2p.mining.cpu.labels.read import _count_strokes
 
     def tight(text: str) -> np.ndarray:
         pil = Image.new("L", (120, 32), 255)
@@ -625,7 +625,7 @@ def test_a_label_in_the_top_left_corner_beats_one_in_another_corner() -> None:
 def test_a_thin_letter_between_parentheses_is_read_alone(text: str, name: str) -> None:
     """The recogniser swallows a thin letter between parentheses ("(I)" -> "()", "(J)" -> "(D"):
     the letter is read again without them (its parentheses kept in the raw reading)."""
-    from p2p.mining.cpu.labels import _Candidate, _engine, _read
+    from p2p.mining.cpu.labels.read import _Candidate, _engine, _read
 
     pil = Image.new("L", (140, 60), 255)
     ImageDraw.Draw(pil).text((5, 3), text, font=font(28, name), fill=0)
@@ -636,7 +636,7 @@ def test_a_thin_letter_between_parentheses_is_read_alone(text: str, name: str) -
 
 
 def test_thin_letters_are_no_parentheses() -> None:
-    from p2p.mining.cpu.labels import _without_parentheses
+    from p2p.mining.cpu.labels.read import _without_parentheses
 
     for text in ("II", "(A"):
         pil = Image.new("L", (140, 60), 255)
@@ -648,7 +648,7 @@ def test_thin_letters_are_no_parentheses() -> None:
 def test_a_lone_capital_i_scores_as_a_thin_stroke(size: int) -> None:
     """The recogniser splits a lone stroke's probability among "I", "l", "1" and "|": the score
     of the reading is that of the shape, which the series settles."""
-    from p2p.mining.cpu.labels import _engine
+    from p2p.mining.cpu.labels.read import _engine
 
     pil = Image.new("L", (80, 60), 255)
     ImageDraw.Draw(pil).text((5, 3), "I", font=font(size), fill=0)

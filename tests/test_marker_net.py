@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from p2p.mining.cpu import marker_net
-from p2p.mining.cpu import markers as markers_module
-from p2p.mining.cpu.marker_net import (
+from p2p.mining.cpu.markers import net as marker_net
+from p2p.mining.cpu.markers import rules as markers_module
+from p2p.mining.cpu.markers.net import (
     KINDS,
     N_OUT,
     STRIDE,
@@ -30,7 +30,7 @@ from p2p.mining.cpu.marker_net import (
     save_fusion,
     save_weights,
 )
-from p2p.mining.cpu.markers import FUSION_FEATURES, detect_markers
+from p2p.mining.cpu.markers.rules import FUSION_FEATURES, detect_markers
 from p2p.mining.params import load_params
 from tests.helpers import run_module
 
@@ -369,7 +369,7 @@ def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the
     rule-based marker the rules are sure of stays. One marker per glyph, the levels' first."""
     from dataclasses import replace
 
-    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     sure = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
@@ -402,7 +402,7 @@ def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the
 def test_a_rescued_candidate_needs_room_and_no_crowd_of_its_kind():
     """The model's rescue adds a candidate as the levels add the network's: not where a chosen
     marker explains it (ahead of an arrow's tip) and not among a crowd of peaks of its kind."""
-    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 400, 3), 128, np.uint8))
     arrow = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
@@ -427,7 +427,7 @@ def test_a_rescued_candidate_needs_room_and_no_crowd_of_its_kind():
 
 
 def test_fusion_features_measure_the_candidates_against_the_network(monkeypatch):
-    from p2p.mining.cpu.markers import _Cand, _Found, _Panel, fusion_features
+    from p2p.mining.cpu.markers.rules import _Cand, _Found, _Panel, fusion_features
 
     panel = _Panel(np.full((128, 160, 3), 128, np.uint8))
     heat = np.zeros((len(KINDS), 32, 40), np.float32)
@@ -454,7 +454,7 @@ def test_fusion_features_measure_the_candidates_against_the_network(monkeypatch)
 def test_detection_asks_the_fusion_model(monkeypatch):
     """An asterisk the network sees and a rule-based arrow the rules are sure of: the model can
     veto the network's asterisk, not the arrow."""
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     asterisk: dict[str, Any] = {
         "kind": "asterisk",
@@ -518,7 +518,7 @@ def test_fusion_training_measures_the_candidates_with_the_network_in_out(tmp_pat
 
 def _hand(rules: list, net: list, size: tuple[int, int]) -> list:
     """The hand-set fusion's markers among ``rules`` and ``net`` on a flat panel of ``size``."""
-    from p2p.mining.cpu.markers import _Found, _hand_fusion, _Panel
+    from p2p.mining.cpu.markers.rules import _Found, _hand_fusion, _Panel
 
     panel = _Panel(np.full((*size, 3), 128, np.uint8))
     found = _Found(panel, panel, rules, net, None)
@@ -526,7 +526,7 @@ def _hand(rules: list, net: list, size: tuple[int, int]) -> list:
 
 
 def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones():
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 300)
     confirmed = _Cand("star", (40, 40, 50, 50), (45.0, 45.0), 0.5)
@@ -549,7 +549,7 @@ def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones()
 
 
 def test_two_network_peaks_on_one_glyph_make_one_marker():
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 300)
     first = _Cand("arrowhead", (80, 60, 92, 74), (90.0, 72.0), 0.5, region=(85.0, 68.0, 110.0, 95.0))
@@ -559,7 +559,7 @@ def test_two_network_peaks_on_one_glyph_make_one_marker():
 
 
 def test_a_crowd_of_network_peaks_of_one_kind_is_texture():
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 400)
 
@@ -582,7 +582,7 @@ def test_a_marker_only_the_enlarged_copy_shows_needs_the_network():
     found only there is kept when the network sees something at it, however high its score."""
     from dataclasses import replace
 
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 300)
     arrow = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
@@ -597,7 +597,7 @@ def test_a_marker_only_the_enlarged_copy_shows_needs_the_network():
 def test_four_network_arrows_in_a_panel_are_markers_four_stars_are_texture():
     """Arrows tolerate a larger crowd than dots: four arrow peaks of 0.45 (above the arrow level)
     are all kept, four star peaks are texture."""
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 400)
 
@@ -619,7 +619,7 @@ def test_a_network_box_of_middling_score_is_a_marker():
     """A box the rules miss (a washed-out outline) that the network scores 0.45 is reported, and
     so is a small thin rectangle (an inset's source) it sees only faintly, at 0.3; a box peak of
     0.25 (sharp texture edges) is not."""
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 300)
     box = _Cand("box", (100, 50, 160, 110), (130.0, 80.0), 0.45, region=(103.0, 53.0, 157.0, 107.0))
@@ -632,7 +632,7 @@ def test_a_network_box_of_middling_score_is_a_marker():
 def test_two_peaks_on_one_glyph_count_once_towards_a_crowd():
     """The network often peaks at both ends of an arrow: three arrows with two peaks each are
     three markers, not a crowd of six."""
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 600)
 
@@ -658,7 +658,7 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     """A zoom-in has a source region: when the panel's chosen markers have an inset and no box,
     the most probable weak box peak outside the inset is reported; without an inset it is not,
     nor is a box peak on the inset itself."""
-    from p2p.mining.cpu.markers import _SOURCE_BOX, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _SOURCE_BOX, _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     inset = _Cand("inset", (200, 0, 300, 80), (250.0, 40.0), 0.9, region=(200.0, 0.0, 300.0, 80.0))
@@ -686,7 +686,7 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
 
 
 def test_symbols_are_rescued_at_a_lower_probability_than_pointing_markers():
-    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     star = _Cand("star", (40, 40, 48, 48), (44.0, 44.0), 0.2, region=(34.0, 34.0, 54.0, 54.0))
@@ -700,7 +700,7 @@ def test_symbols_are_rescued_at_a_lower_probability_than_pointing_markers():
 def test_stars_and_boxes_are_rescued_below_the_symbols_level_and_arrows_are_not():
     """A star or a box the model gives a middling probability comes back (small glyphs of the
     panel's own hue, thin inset-source rectangles), an arrowhead of that probability does not."""
-    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     star = _Cand("star", (40, 40, 48, 48), (44.0, 44.0), 0.2, region=(34.0, 34.0, 54.0, 54.0))
@@ -740,7 +740,7 @@ def test_a_blend_averages_the_log_odds_of_a_model_fitted_before_features_were_ap
 def test_fusion_features_tell_a_drawn_glyph_from_a_faint_blob_of_the_panels_hue():
     """A solid yellow star on a reddish panel against a faint red blob: more contrast, more ink,
     a hue the panel has little of; candidates on one glyph count each other."""
-    from p2p.mining.cpu.markers import _Cand, _Found, _Panel, fusion_features
+    from p2p.mining.cpu.markers.rules import _Cand, _Found, _Panel, fusion_features
 
     rgb = np.zeros((160, 200, 3), np.uint8)
     rgb[:] = (150, 60, 60)
@@ -765,7 +765,7 @@ def test_fusion_features_tell_a_drawn_glyph_from_a_faint_blob_of_the_panels_hue(
 def test_a_faint_network_asterisk_is_kept_only_where_the_model_is_fairly_sure():
     """The levels keep asterisk peaks from 0.2; those under ``MP.weak_peak`` need the model's
     ``weak_veto``, where a stronger peak needs only ``veto``."""
-    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
 

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter
 
-from p2p.mining.cpu.markers import detect_markers
+from p2p.mining.cpu.markers.rules import detect_markers
 from p2p.mining.params import load_params
 from p2p.mining.types import Marker
 from p2p.shared.geometry import contains_point
@@ -424,8 +424,8 @@ def test_enlarged_copy_adds_small_glyphs_only_in_figure_pixels(monkeypatch):
     """The enlarged copy of a small panel is searched for small glyphs only; its markers are
     mapped back to figure pixels and not added where the native scale already has a marker on
     the same glyph."""
-    from p2p.mining.cpu import markers as rules_module
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers import rules as rules_module
+    from p2p.mining.cpu.markers.rules import _Cand
 
     native_star = _Cand("star", (10, 10, 20, 20), (14.5, 14.5), 0.9, size=10.0)
 
@@ -454,7 +454,7 @@ def test_enlarged_copy_adds_small_glyphs_only_in_figure_pixels(monkeypatch):
 def test_glyph_only_pass_reports_no_outlines():
     """The enlarged copy's pass looks for small glyphs only: a drawn rectangle next to an arrow
     is found by the full rules, not by that pass."""
-    from p2p.mining.cpu.markers import _Panel, _rule_cands
+    from p2p.mining.cpu.markers.rules import _Panel, _rule_cands
 
     def draw(d):
         draw_arrow(d, (100.0, 120.0), 0.0, 40, COLOURS["yellow"])
@@ -468,7 +468,7 @@ def test_glyph_only_pass_reports_no_outlines():
 def test_a_network_arrow_facing_its_tail_is_turned_round():
     """The network's peak on the flat end of an arrow points its target behind the arrow; the
     glyph's widest cross-section (the head) says which end is the tip."""
-    from p2p.mining.cpu.markers import _Cand, _orient, _Panel, _target
+    from p2p.mining.cpu.markers.rules import _Cand, _orient, _Panel, _target
 
     img = Image.fromarray(texture(seed=5))
     draw_arrow(ImageDraw.Draw(img), (200.0, 120.0), 0.0, 60.0, (255, 220, 0), shaft=3, head=10.0)

@@ -47,7 +47,7 @@ def test_overrides_replace_single_values_and_say_so() -> None:
 
 
 def test_a_stage_runs_with_the_parameters_it_is_given() -> None:
-    from p2p.mining.cpu.axis_strips import return_axis_strips
+    from p2p.mining.cpu.segmentation.axis_strips import return_axis_strips
 
     shipped = load_params().axis_strips
     moved = return_axis_strips(_figure(), _as_found(), [], params=shipped)

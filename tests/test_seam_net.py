@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from p2p.mining.cpu import seam_net
-from p2p.mining.cpu.seam_net import (
+from p2p.mining.cpu.segmentation import seam_net
+from p2p.mining.cpu.segmentation.seam_net import (
     MAPS,
     STRIDE,
     BoundaryMaps,
@@ -91,15 +91,15 @@ def test_missing_bad_or_foreign_weights_name_the_file_and_the_rebuild(tmp_path):
 
 
 def test_weights_are_written_by_the_shared_atomic_writer(tmp_path, monkeypatch):
-    """``marker_net._save_atomic`` (tested there: a write cut short leaves the old file whole)."""
+    """``nets.save_atomic`` (tested there: a write cut short leaves the old file whole)."""
     written: list[Path] = []
-    real = seam_net._save_atomic
+    real = seam_net.save_atomic
 
     def recording(blob: dict, path: Path) -> None:
         written.append(path)
         real(blob, path)
 
-    monkeypatch.setattr(seam_net, "_save_atomic", recording)
+    monkeypatch.setattr(seam_net, "save_atomic", recording)
     path = tmp_path / "w.pt"
     save_weights(SeamNet(), path, {"steps": 1})
     assert written == [path]

@@ -1,4 +1,5 @@
-"""The learned seam splitter (``p2p.mining.cpu.seams``) and its training labels, on figures drawn here."""
+"""The learned seam splitter (``p2p.mining.cpu.segmentation.seams``) and its training labels, on
+figures drawn here."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import cv2
 import numpy as np
 import pytest
 
-from p2p.mining.cpu import seams
-from p2p.mining.cpu.seams import FEATURE_NAMES, SeamModel, line_features, split_boxes
+from p2p.mining.cpu.segmentation import seams
+from p2p.mining.cpu.segmentation.seams import FEATURE_NAMES, SeamModel, line_features, split_boxes
 from p2p.mining.cpu.train_seams import line_labels
 
 
@@ -348,7 +349,7 @@ def test_rule_boxes_are_kept_per_folder_and_rules_version(tmp_path, monkeypatch)
 
 
 def test_lines_carry_the_boundary_network_strength() -> None:
-    from p2p.mining.cpu import seam_net
+    from p2p.mining.cpu.segmentation import seam_net
 
     rng = np.random.default_rng(9)
     image = np.hstack([noisy(rng, 120, 90, 60), noisy(rng, 140, 90, 150)])

@@ -15,19 +15,19 @@ from typing import Any
 import numpy as np
 
 from p2p.mining.captions import find_marker_mentions, split_caption
-from p2p.mining.cpu.axis_strips import return_axis_strips
 from p2p.mining.cpu.context import Stage, StageContext, check_order
-from p2p.mining.cpu.count_guided import join_unlabelled
-from p2p.mining.cpu.label_split import split_at_labels
-from p2p.mining.cpu.label_trim import trim_labels
-from p2p.mining.cpu.labels import assign_labels, find_labels, reading_order, warm_up
-from p2p.mining.cpu.marker_net import shipped_fusion
-from p2p.mining.cpu.marker_net import shipped_net as shipped_marker_net
-from p2p.mining.cpu.markers import detect_markers
+from p2p.mining.cpu.labels.read import assign_labels, find_labels, reading_order, warm_up
+from p2p.mining.cpu.labels.split import split_at_labels
+from p2p.mining.cpu.labels.trim import trim_labels
+from p2p.mining.cpu.markers.net import shipped_fusion
+from p2p.mining.cpu.markers.net import shipped_net as shipped_marker_net
+from p2p.mining.cpu.markers.rules import detect_markers
 from p2p.mining.cpu.panel_type import default_classifier
-from p2p.mining.cpu.seam_net import shipped_net as shipped_seam_net
-from p2p.mining.cpu.seams import default_model as seam_model
-from p2p.mining.cpu.segment import segment_figure
+from p2p.mining.cpu.segmentation.axis_strips import return_axis_strips
+from p2p.mining.cpu.segmentation.count_guided import join_unlabelled
+from p2p.mining.cpu.segmentation.seam_net import shipped_net as shipped_seam_net
+from p2p.mining.cpu.segmentation.seams import default_model as seam_model
+from p2p.mining.cpu.segmentation.segment import segment_figure
 from p2p.mining.label_repair import repair_with_caption
 from p2p.mining.params import (
     AxisStripParams,

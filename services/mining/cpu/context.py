@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from p2p.mining.cpu.segment import Analysis
+from p2p.mining.cpu.imaging import Analysis
 from p2p.mining.types import (
     CaptionSplit,
     LabelDetection,

@@ -35,7 +35,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from p2p.mining.cpu.markers import detect_markers
+from p2p.mining.cpu.markers.rules import detect_markers
 from p2p.mining.regions import MENTION_KINDS
 from p2p.mining.types import Marker
 from p2p.shared.geometry import Box, contains_point, from_inclusive, iou

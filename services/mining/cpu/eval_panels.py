@@ -31,7 +31,7 @@ Labeler = Callable[[np.ndarray, list[PanelCandidate]], list[str | None]]
 
 def ocr_labeler(image: np.ndarray, panels: list[PanelCandidate]) -> list[str | None]:
     """The CPU label reader: OCR around the panels, then one label per panel."""
-    from p2p.mining.cpu.labels import assign_labels, find_labels
+    from p2p.mining.cpu.labels.read import assign_labels, find_labels
 
     return assign_labels(panels, find_labels(image, panels))
 
@@ -181,7 +181,7 @@ def _row(name: str, report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from p2p.mining.cpu.segment import segment_panels
+    from p2p.mining.cpu.segmentation.segment import segment_panels
     from p2p.mining.cpu.xycut import naive_xycut
 
     parser = argparse.ArgumentParser(description="Compare naive XY-cut with segment_panels.")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     annotations = json.loads((args.dir / "annotations.json").read_text())
     labeler = None if args.no_labels else ocr_labeler
     if labeler is not None:  # load the OCR engine before timing
-        from p2p.mining.cpu.labels import warm_up
+        from p2p.mining.cpu.labels.read import warm_up
 
         warm_up()
     reports = {

@@ -74,8 +74,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from p2p.mining.cpu.marker_net import (
-    ALIGN,
+from p2p.mining.cpu.markers.net import (
     DIR,
     N_KINDS,
     OFF,
@@ -85,6 +84,7 @@ from p2p.mining.cpu.marker_net import (
     save_weights,
     to_input,
 )
+from p2p.mining.cpu.nets import ALIGN
 
 TRAIN_SEEDS = range(100000, 200000)
 # The fusion model's trees (on ~55,000 candidates of 1600 figures, held-out AUC 0.953 with 200
@@ -300,7 +300,7 @@ def fusion_data(folder: Path, net: MarkerNet | None = None) -> tuple[np.ndarray,
     """Features and labels of every fusion candidate on the image panels of ``folder``, measured
     with ``net`` (the shipped network by default)."""
     from p2p.mining.cpu.eval_markers import LENIENT_MARGIN, STRICT_RADIUS, _hit_lenient, _hit_strict
-    from p2p.mining.cpu.markers import FUSION_FEATURES, panel_candidates
+    from p2p.mining.cpu.markers.rules import FUSION_FEATURES, panel_candidates
     from p2p.shared.geometry import from_inclusive
 
     annotations = json.loads((folder / "annotations.json").read_text(encoding="utf-8"))
@@ -341,8 +341,8 @@ def fit_fusion(x: np.ndarray, y: np.ndarray, *, seed: int = 0) -> Any:
     """Gradient-boosted trees on the candidates' features -> ``marker_net.TreeEnsemble``."""
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    from p2p.mining.cpu.marker_net import TreeEnsemble
-    from p2p.mining.cpu.markers import FUSION_FEATURES
+    from p2p.mining.cpu.markers.net import TreeEnsemble
+    from p2p.mining.cpu.markers.rules import FUSION_FEATURES
 
     model = HistGradientBoostingClassifier(**FUSION_TREES, random_state=seed).fit(x, y)
     trees = [predictors[0].nodes for predictors in model._predictors]
@@ -407,7 +407,7 @@ def blend(base: Any, model: Any, weight: float) -> Any:
 
 
 def main_fusion(args: argparse.Namespace) -> int:
-    from p2p.mining.cpu.marker_net import load_fusion, load_weights, save_fusion
+    from p2p.mining.cpu.markers.net import load_fusion, load_weights, save_fusion
 
     # The candidates are measured with the network the model will sit beside, not the shipped one.
     net = load_weights(args.out)

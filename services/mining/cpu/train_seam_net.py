@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from p2p.mining.cpu.marker_net import ALIGN, to_input
-from p2p.mining.cpu.seam_net import SeamNet, encode_targets, resize, save_weights, scale_for
+from p2p.mining.cpu.nets import ALIGN, to_input
+from p2p.mining.cpu.segmentation.seam_net import SeamNet, encode_targets, resize, save_weights, scale_for
 
 TRAIN_SEEDS = range(140000, 141000)
 

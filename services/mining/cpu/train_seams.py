@@ -61,9 +61,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from p2p.mining.cpu import seam_net, segment
 from p2p.mining.cpu.eval_panels import load_image
-from p2p.mining.cpu.seams import (
+from p2p.mining.cpu.segmentation import seam_net, segment
+from p2p.mining.cpu.segmentation.seams import (
     CUT_FEATURES,
     FEATURE_NAMES,
     Corners,
@@ -76,7 +76,7 @@ from p2p.mining.cpu.seams import (
     split_boxes,
     top_seam,
 )
-from p2p.mining.cpu.segment import ink_mask, segment_figure
+from p2p.mining.cpu.segmentation.segment import ink_mask, segment_figure
 from p2p.mining.params import load_params
 from p2p.shared import geometry
 

@@ -3,7 +3,7 @@
 It is the benchmark's baseline and is kept deliberately simple: no label handling, no merging of
 plot parts, no splitting of touching panels. Boxes are tight around the ink of each leaf block, so
 they swallow panel letters, neighbouring axis text or caption strips whenever no gutter separates
-them. ``p2p.mining.cpu.segment.segment_panels`` is the refined segmenter.
+them. ``p2p.mining.cpu.segmentation.segment.segment_panels`` is the refined segmenter.
 """
 
 from __future__ import annotations

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from p2p.mining.cpu import seam_net
-from p2p.mining.cpu.labels import read_glyphs
-from p2p.mining.cpu.seams import IntBox, cut_parts
-from p2p.mining.cpu.segment import Analysis, CornerGlyph, ink_mask
+from p2p.mining.cpu.imaging import Analysis, CornerGlyph, ink_mask
+from p2p.mining.cpu.labels.read import read_glyphs
+from p2p.mining.cpu.segmentation import seam_net
+from p2p.mining.cpu.segmentation.seams import IntBox, cut_parts
 from p2p.mining.params import LabelSplitParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import union_box

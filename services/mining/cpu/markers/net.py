@@ -28,7 +28,6 @@ target. It is evaluated here with numpy alone.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,14 +37,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from p2p.mining.artifacts import artifact_path
+from p2p.mining.cpu.nets import dws, fuse_batchnorm, pad_to_align, save_atomic, to_input
 
 KINDS = ("arrow", "arrowhead", "asterisk", "star", "box", "circle", "inset")
 POINTING = ("arrow", "arrowhead")
 STRIDE = 4
-ALIGN = 32  # the encoder halves the resolution five times
 WEIGHTS_FILE = "marker_net.pt"
 ARCH = "centernet-dws-v1"
 
@@ -62,17 +60,6 @@ class MarkerNetError(RuntimeError):
     """The shipped weights are missing or do not fit the network."""
 
 
-def _dws(cin: int, cout: int, stride: int = 1, dilation: int = 1) -> nn.Sequential:
-    """Depthwise 3x3 then pointwise 1x1, each normalised; ReLU at the end."""
-    return nn.Sequential(
-        nn.Conv2d(cin, cin, 3, stride, padding=dilation, dilation=dilation, groups=cin, bias=False),
-        nn.BatchNorm2d(cin),
-        nn.Conv2d(cin, cout, 1, bias=False),
-        nn.BatchNorm2d(cout),
-        nn.ReLU(inplace=True),
-    )
-
-
 class MarkerNet(nn.Module):
     def __init__(self, width: int = 32) -> None:
         super().__init__()
@@ -81,14 +68,14 @@ class MarkerNet(nn.Module):
         self.stem = nn.Sequential(
             nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True)
         )
-        self.s4 = nn.Sequential(_dws(16, w, 2), _dws(w, w), _dws(w, w, dilation=2))
-        self.s8 = nn.Sequential(_dws(w, 48, 2), _dws(48, 48))
-        self.s16 = nn.Sequential(_dws(48, 64, 2), _dws(64, 64, dilation=2))
-        self.s32 = nn.Sequential(_dws(64, 96, 2), _dws(96, 96, dilation=2))
+        self.s4 = nn.Sequential(dws(16, w, 2), dws(w, w), dws(w, w, dilation=2))
+        self.s8 = nn.Sequential(dws(w, 48, 2), dws(48, 48))
+        self.s16 = nn.Sequential(dws(48, 64, 2), dws(64, 64, dilation=2))
+        self.s32 = nn.Sequential(dws(64, 96, 2), dws(96, 96, dilation=2))
         self.lat8 = nn.Conv2d(48, w, 1)
         self.lat16 = nn.Conv2d(64, w, 1)
         self.lat32 = nn.Conv2d(96, w, 1)
-        self.fuse = nn.Sequential(_dws(w, w), _dws(w, w, dilation=2))
+        self.fuse = nn.Sequential(dws(w, w), dws(w, w, dilation=2))
         self.head = nn.Conv2d(w, N_OUT, 1)
         # Rare positives: start the heat maps near 0.01 (CenterNet's prior) so the focal loss is sane.
         bias = self.head.bias
@@ -107,23 +94,6 @@ class MarkerNet(nn.Module):
         top = F.interpolate(top, size=f8.shape[-2:], mode="nearest") + self.lat8(f8)
         top = F.interpolate(top, size=f4.shape[-2:], mode="nearest") + f4
         return self.head(self.fuse(top))
-
-
-def to_input(rgb: np.ndarray) -> torch.Tensor:
-    """RGB uint8 N x H x W x 3 or H x W x 3 (H, W multiples of ``ALIGN``) -> N x 3 x H x W, centred."""
-    arr = torch.from_numpy(np.ascontiguousarray(rgb))
-    if arr.ndim == 3:
-        arr = arr.unsqueeze(0)
-    return (arr.permute(0, 3, 1, 2).float() - 128.0) / 64.0
-
-
-def pad_to_align(rgb: np.ndarray) -> np.ndarray:
-    """Edge-replicate the bottom and right so both sides are multiples of ``ALIGN``."""
-    h, w = rgb.shape[:2]
-    ph, pw = (-h) % ALIGN, (-w) % ALIGN
-    if ph == 0 and pw == 0:
-        return rgb
-    return np.pad(rgb, ((0, ph), (0, pw), (0, 0)), mode="edge")
 
 
 # ----------------------------------------------------------------------------- targets / decoding
@@ -240,21 +210,9 @@ def weights_path() -> Path:
     return artifact_path(WEIGHTS_FILE)
 
 
-def _save_atomic(blob: dict[str, Any], path: Path) -> None:
-    """Write ``blob`` to a temporary file beside ``path``, then move it into place: a write cut
-    short leaves the previous weights whole (the fusion model shares the network's file)."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
-        torch.save(blob, temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def save_weights(net: MarkerNet, path: Path, meta: dict[str, Any]) -> None:
     state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    _save_atomic({"arch": ARCH, "kinds": list(KINDS), "state_dict": state, "meta": meta}, path)
+    save_atomic({"arch": ARCH, "kinds": list(KINDS), "state_dict": state, "meta": meta}, path)
 
 
 def load_weights(path: Path) -> MarkerNet:
@@ -275,35 +233,6 @@ def load_weights(path: Path) -> MarkerNet:
     net.eval()
     fuse_batchnorm(net)
     return net
-
-
-def fuse_batchnorm(module: nn.Module) -> None:
-    """Fold every BatchNorm into the convolution before it (eval only): half the passes over memory."""
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Sequential):
-            setattr(module, name, _fused_sequence(child))
-        else:
-            fuse_batchnorm(child)
-
-
-def _fused_sequence(seq: nn.Sequential) -> nn.Sequential:
-    layers = list(seq)
-    fused: list[nn.Module] = []
-    i = 0
-    while i < len(layers):
-        layer = layers[i]
-        nxt = layers[i + 1] if i + 1 < len(layers) else None
-        if isinstance(layer, nn.Conv2d) and isinstance(nxt, nn.BatchNorm2d):
-            fused.append(fuse_conv_bn_eval(layer, nxt))
-            i += 2
-            continue
-        if isinstance(layer, nn.Sequential):
-            layer = _fused_sequence(layer)
-        else:
-            fuse_batchnorm(layer)
-        fused.append(layer)
-        i += 1
-    return nn.Sequential(*fused)
 
 
 @dataclass(frozen=True)
@@ -371,7 +300,7 @@ def save_fusion(model: TreeEnsemble, path: Path) -> None:
     """Store the fusion model in the weights file ``path`` (its network weights stay)."""
     blob = torch.load(path, map_location="cpu", weights_only=True)
     blob["fusion"] = model.as_blob()
-    _save_atomic(blob, path)
+    save_atomic(blob, path)
 
 
 def load_fusion(path: Path) -> TreeEnsemble:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from p2p.mining.cpu.segment import Analysis, IntBox, ink_mask, tight_box
+from p2p.mining.cpu.imaging import Analysis, IntBox, ink_mask, tight_box
 from p2p.mining.params import LabelTrimParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import area, intersection

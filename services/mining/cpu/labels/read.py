@@ -38,14 +38,14 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from p2p.mining.cpu.segment import (
+from p2p.mining.cpu.imaging import (
     Analysis,
     CornerGlyph,
-    _as_rgb,
-    _label_candidates,
-    _text_unit,
+    as_rgb,
     corner_glyphs,
     ink_mask,
+    label_candidates,
+    text_unit,
 )
 from p2p.mining.params import LabelParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
@@ -668,7 +668,7 @@ def find_labels(
     Several detections may concern one panel; ``assign_labels`` picks one per panel. ``analysis``:
     the segmenter's look at this figure (``segment_figure``), reused rather than redone."""
     p = params or load_params().labels
-    rgb = _as_rgb(image)
+    rgb = as_rgb(image)
     height, width = rgb.shape[:2]
     if not panels or height < 8 or width < 8:
         return []
@@ -680,8 +680,8 @@ def find_labels(
         gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
         mask = ink_mask(rgb).astype(np.uint8)
         _, cc_labels, cc_stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-        u = _text_unit(cc_stats, height, width)
-        glyphs = _label_candidates(mask, cc_labels, cc_stats, u)
+        u = text_unit(cc_stats, height, width)
+        glyphs = label_candidates(mask, cc_labels, cc_stats, u)
     cc_labels = glyphs.labels
     # words in the gutters or at a panel's top-left corner; text deep inside a panel is content
     words = []

@@ -37,10 +37,10 @@ import cv2
 import numpy as np
 
 from p2p.mining.artifacts import artifact_path
+from p2p.mining.cpu.imaging import INK_THRESHOLD, corner_glyphs, tight_box
 
 # segment imports this module only when its rules are done, so this import is not circular
-from p2p.mining.cpu import seam_net
-from p2p.mining.cpu.segment import INK_THRESHOLD, corner_glyphs, tight_box
+from p2p.mining.cpu.segmentation import seam_net
 from p2p.mining.params import SeamParams, load_params
 
 MODEL_FILE = "seam_model.json"

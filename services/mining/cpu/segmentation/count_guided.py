@@ -21,9 +21,9 @@ import itertools
 
 import numpy as np
 
-from p2p.mining.cpu import seam_net
-from p2p.mining.cpu.seams import IntBox, SeamModel, best_seam, cut_parts, default_model
-from p2p.mining.cpu.segment import without_sliver
+from p2p.mining.cpu.imaging import without_sliver
+from p2p.mining.cpu.segmentation import seam_net
+from p2p.mining.cpu.segmentation.seams import IntBox, SeamModel, best_seam, cut_parts, default_model
 from p2p.mining.params import CountParams, load_params
 from p2p.shared.geometry import area, intersection
 

@@ -74,7 +74,7 @@ from dataclasses import dataclass, replace
 import cv2
 import numpy as np
 
-from p2p.mining.cpu import marker_net
+from p2p.mining.cpu.markers import net as marker_net
 from p2p.mining.params import MarkerParams, load_params
 from p2p.mining.types import Marker
 from p2p.shared.geometry import Box, contains_point

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from p2p.mining.artifacts import artifact_path
-from p2p.mining.cpu.marker_net import _dws, _save_atomic, fuse_batchnorm, pad_to_align, to_input
+from p2p.mining.cpu.nets import dws, fuse_batchnorm, pad_to_align, save_atomic, to_input
 
 SIDE = 512  # px: the longer side of the copy the network sees
 STRIDE = 4
@@ -56,14 +56,14 @@ class SeamNet(nn.Module):
         self.stem = nn.Sequential(
             nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True)
         )
-        self.s4 = nn.Sequential(_dws(16, w, 2), _dws(w, w))
-        self.s8 = nn.Sequential(_dws(w, 32, 2), _dws(32, 32))
-        self.s16 = nn.Sequential(_dws(32, 48, 2), _dws(48, 48, dilation=2))
-        self.s32 = nn.Sequential(_dws(48, 64, 2), _dws(64, 64, dilation=2), _dws(64, 64, dilation=4))
+        self.s4 = nn.Sequential(dws(16, w, 2), dws(w, w))
+        self.s8 = nn.Sequential(dws(w, 32, 2), dws(32, 32))
+        self.s16 = nn.Sequential(dws(32, 48, 2), dws(48, 48, dilation=2))
+        self.s32 = nn.Sequential(dws(48, 64, 2), dws(64, 64, dilation=2), dws(64, 64, dilation=4))
         self.lat8 = nn.Conv2d(32, w, 1)
         self.lat16 = nn.Conv2d(48, w, 1)
         self.lat32 = nn.Conv2d(64, w, 1)
-        self.fuse = nn.Sequential(_dws(w, w), _dws(w, w, dilation=2))
+        self.fuse = nn.Sequential(dws(w, w), dws(w, w, dilation=2))
         self.head = nn.Conv2d(w, len(MAPS), 1)
         bias = self.head.bias
         assert bias is not None
@@ -176,7 +176,7 @@ def weights_path() -> Path:
 
 def save_weights(net: SeamNet, path: Path, meta: dict[str, Any]) -> None:
     state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    _save_atomic({"arch": ARCH, "maps": list(MAPS), "side": SIDE, "state_dict": state, "meta": meta}, path)
+    save_atomic({"arch": ARCH, "maps": list(MAPS), "side": SIDE, "state_dict": state, "meta": meta}, path)
 
 
 def load_weights(path: Path) -> SeamNet:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from p2p.mining.cpu.segment import Analysis, IntBox, ink_mask, tight_box
+from p2p.mining.cpu.imaging import Analysis, IntBox, ink_mask, tight_box
 from p2p.mining.params import AxisStripParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 
