@@ -36,6 +36,13 @@ class SegmentParams:
     texture_block: int
     texture_agreement: float
     dense_fill: float  # a part whose content fills this share of its box is an image
+    # a part is split along straight boundaries when it is an image (split_fill of its box) or at
+    # least split_min_area of the figure, at least split_min_units text units across, at most
+    # split_depth times over
+    split_depth: int
+    split_min_units: float
+    split_fill: float
+    split_min_area: float
     # a cluster is a panel when it holds a panel-sized part, or is at least min_panel_units text
     # units on each side and min_panel_share of the figure
     min_panel_units: float
@@ -135,6 +142,14 @@ class MarkerParams:
     rescue_kind: dict[str, float]
     weak_peak: float
     weak_veto: float
+    # tiny colour symbols: their confidence, the hue (degrees) within which blobs are alike, and how
+    # many alike blobs make texture
+    tiny_score: float
+    tiny_hue: float
+    tiny_alike: int
+    # panels shorter than upscale_below px are also examined enlarged, by at most upscale_max
+    upscale_below: float
+    upscale_max: float
 
 
 @dataclass(frozen=True)

@@ -1213,9 +1213,7 @@ def _component_shapes(panel: _Panel, name: str, text: np.ndarray, *, outlines: b
 # region it indicates (the glyph's neighbourhood) its exact kind does not matter. White and
 # black specks are everywhere in grey texture, so only colour ink is read this way.
 _TINY_MIN, _TINY_MAX = 4, 16  # glyph size, pixels
-_TINY_SCORE = 0.4
-_TINY_HUE = 25.0  # degrees: blobs of about one hue
-_TINY_ALIKE = 6  # more blobs of the glyph's hue than this in the panel: texture
+# Their confidence, the hue of "alike" blobs and how many may share it are MarkerParams.tiny_*.
 
 
 def _strong_outlines(panel: _Panel, name: str) -> list[_Cand]:
@@ -1241,7 +1239,7 @@ def _strong_outlines(panel: _Panel, name: str) -> list[_Cand]:
     return out
 
 
-def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
+def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray, p: MarkerParams) -> list[_Cand]:
     n, labels, stats = panel.components(name)
     if n <= 1:
         return []
@@ -1271,7 +1269,7 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
         if text[y + h // 2, x + w // 2]:
             continue
         dh = np.abs(np.angle(np.exp(1j * (mean_hue - mean_hue[i]))))
-        if np.count_nonzero(blobs & (dh <= math.radians(_TINY_HUE))) > _TINY_ALIKE:
+        if np.count_nonzero(blobs & (dh <= math.radians(p.tiny_hue))) > p.tiny_alike:
             continue
         sub = labels[y : y + h, x : x + w] == i
         if float(core[y : y + h, x : x + w][sub].mean()) < 0.6:
@@ -1300,7 +1298,7 @@ def _tiny_symbols(panel: _Panel, name: str, text: np.ndarray) -> list[_Cand]:
                 kind,
                 (x, y, x + w, y + h),
                 (x + (w - 1) / 2.0, y + (h - 1) / 2.0),
-                _TINY_SCORE,
+                p.tiny_score,
                 size=float(big[i]),
                 color=col,
             )
@@ -1949,7 +1947,7 @@ def _rule_cands(panel: _Panel, p: MarkerParams, *, glyphs_only: bool = False) ->
         cands += _head_arrows(panel, _STRONG[name], text)
         cands += _component_shapes(panel, name, text, outlines=not glyphs_only)
         if name == "colour":
-            cands += _tiny_symbols(panel, name, text)
+            cands += _tiny_symbols(panel, name, text, p)
         if not glyphs_only:
             cands += _dashed_outlines(panel, name)
             cands += _line_rectangles(panel, name)
@@ -1997,24 +1995,22 @@ def _scaled(cand: _Cand, fx: float, fy: float) -> _Cand:
     )
 
 
-# A panel whose shorter side is below this many pixels is also examined enlarged (by at most
-# ``_UPSCALE_MAX``, to about this side): its glyphs are a few pixels wide (a figure scaled down,
+# A panel whose shorter side is below ``upscale_below`` pixels is also examined enlarged (by at
+# most ``upscale_max``, to about that side): its glyphs are a few pixels wide (a figure scaled down,
 # a narrow strip), below the sizes the rules' tests resolve. The enlarged copy's candidates are
 # added where the native scale found nothing (on larger panels the enlarged glyphs outgrow the
 # rules' size limits); the network runs at the native scale it was trained at.
-_UPSCALE_BELOW = 260.0
-_UPSCALE_MAX = 2.0
 # Only glyphs of a few pixels are looked for there (outlines are large enough at the native
 # scale, and enlarged texture makes small rings); what only the enlarged copy shows is kept only
 # where the network sees something too (enlarged texture also makes small arrow look-alikes).
 _ENLARGED_KINDS = ("arrow", "arrowhead", "asterisk", "star")
 
 
-def _upscale_factor(w: int, h: int) -> float:
+def _upscale_factor(w: int, h: int, p: MarkerParams) -> float:
     side = min(w, h)
-    if side >= _UPSCALE_BELOW:
+    if side >= p.upscale_below:
         return 1.0
-    return min(_UPSCALE_MAX, _UPSCALE_BELOW / side)
+    return min(p.upscale_max, p.upscale_below / side)
 
 
 # ----------------------------------------------------------------------------- learned fusion
@@ -2153,7 +2149,7 @@ def _find(
     the shipped one by default) on one panel crop."""
     panel = native = _Panel(native_rgb)
     rules = _rule_cands(panel, p)
-    scale = _upscale_factor(panel.w, panel.h)
+    scale = _upscale_factor(panel.w, panel.h, p)
     if scale > 1.0:
         # Glyphs of a small panel are a few pixels: the rules also look at an enlarged copy.
         big = _Panel(

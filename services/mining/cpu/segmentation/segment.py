@@ -385,10 +385,10 @@ def _split_dense(
     """Guillotine-split a part along straight boundaries: dense parts (images), and big parts of
     any kind (touching panels join plots and images into one blob)."""
     x1, y1, x2, y2 = box
-    if depth > 6 or min(x2 - x1, y2 - y1) < 6 * u:
+    if depth > p.split_depth or min(x2 - x1, y2 - y1) < p.split_min_units * u:
         return [box]
     fill = float(mask[y1:y2, x1:x2].mean())
-    if fill < 0.85 and (x2 - x1) * (y2 - y1) < 0.1 * mask.size:
+    if fill < p.split_fill and (x2 - x1) * (y2 - y1) < p.split_min_area * mask.size:
         return [box]
     # gutters on either axis first: a seam found first could cut across an image the gutter
     # would have left whole (a seam between two touching images below a wider one); of two
