@@ -9,9 +9,9 @@ import pytest
 from p2p.mining.cpu.segmentation import count_guided, seam_net
 from p2p.mining.cpu.segmentation.count_guided import merge_to_count, split_to_count
 from p2p.mining.cpu.segmentation.segment import ink_mask, segment_panels
+from p2p.mining.lab.synth.figure import generate_figure
 from p2p.mining.params import load_params
 from p2p.mining.pipeline import CpuMiner
-from p2p.mining.synth.figure import generate_figure
 from p2p.shared import geometry
 
 # four touching photographs (0-px gutters): the rules and the seam splitter find three boxes

@@ -9,8 +9,8 @@ import pytest
 
 from p2p.mining.cpu.labels.trim import trim_labels
 from p2p.mining.cpu.segmentation.segment import Analysis, segment_figure
+from p2p.mining.lab.synth.figure import generate_figure
 from p2p.mining.pipeline import CpuMiner
-from p2p.mining.synth.figure import generate_figure
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared import geometry
 

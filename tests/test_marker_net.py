@@ -197,7 +197,7 @@ def test_shipped_net_is_loaded_once():
 
 
 def test_flips_keep_markers_on_their_pixels():
-    from p2p.mining.cpu.train_marker_net import _flip
+    from p2p.mining.lab.train_marker_net import _flip
 
     arrow = MARKERS[0]
     (once,) = _flip([arrow], 160, 128, True, False)
@@ -216,10 +216,10 @@ def test_training_entry_point_smoke_and_deterministic(tmp_path):
     data, first, second = tmp_path / "figs", tmp_path / "a.pt", tmp_path / "b.pt"
     common = ["--data", str(data), "--figures", "3", "--data-seed", "100001", "--steps", "3", "--batch", "2",
               "--patch", "64", "--threads", "1", "--seed", "5"]  # fmt: skip
-    done = run_module("p2p.mining.cpu.train_marker_net", *common, "--out", str(first))
+    done = run_module("p2p.mining.lab.train_marker_net", *common, "--out", str(first))
     assert done.returncode == 0, done.stderr
     assert "step 3/3" in done.stdout
-    from p2p.mining.cpu.train_marker_net import main
+    from p2p.mining.lab.train_marker_net import main
 
     assert main([*common, "--out", str(second)]) == 0
     a, b = load_weights(first).state_dict(), load_weights(second).state_dict()
@@ -235,7 +235,7 @@ def test_training_entry_point_smoke_and_deterministic(tmp_path):
 
 
 def _recall(folder: Path, use_net: bool) -> tuple[float, float]:
-    from p2p.mining.cpu.eval_markers import evaluate
+    from p2p.mining.lab.eval_markers import evaluate
 
     report = evaluate(folder, use_net=use_net)
     return report.recall_lenient, report.precision
@@ -244,7 +244,7 @@ def _recall(folder: Path, use_net: bool) -> tuple[float, float]:
 def test_shipped_network_finds_what_the_rules_miss(tmp_path):
     """Figures of a development seed (the network was trained on seeds 100000+): the fused
     detector finds markers the rule-based one alone does not."""
-    from p2p.mining.synth.dataset import write_dataset
+    from p2p.mining.lab.synth.dataset import write_dataset
 
     write_dataset(tmp_path, 8, 7007)
     rules, rules_precision = _recall(tmp_path, use_net=False)
@@ -297,7 +297,7 @@ def test_fusion_trees_give_scikit_learns_probabilities():
     """The trees exported from scikit-learn, walked with numpy, give its probabilities."""
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    from p2p.mining.cpu import train_marker_net as tm
+    from p2p.mining.lab import train_marker_net as tm
 
     rng = np.random.default_rng(4)
     x = rng.normal(size=(300, len(FUSION_FEATURES)))
@@ -481,7 +481,7 @@ def test_fusion_training_entry_point_smoke(tmp_path):
     """``--fusion`` on three tiny generated figures writes a fusion model beside the network."""
     import shutil
 
-    from p2p.mining.cpu.train_marker_net import main
+    from p2p.mining.lab.train_marker_net import main
 
     weights = tmp_path / "w.pt"
     shutil.copy(marker_net.weights_path(), weights)
@@ -496,7 +496,7 @@ def test_fusion_training_entry_point_smoke(tmp_path):
 def test_fusion_training_measures_the_candidates_with_the_network_in_out(tmp_path, monkeypatch):
     """The fusion model sits beside the network of ``--out``: its training candidates are that
     network's, not the shipped one's (a retrained network's file gets a model of its own)."""
-    from p2p.mining.cpu.train_marker_net import main
+    from p2p.mining.lab.train_marker_net import main
 
     torch.manual_seed(5)
     weights = tmp_path / "w.pt"
@@ -717,7 +717,7 @@ def test_a_blend_averages_the_log_odds_of_a_model_fitted_before_features_were_ap
     and 1 - w of the old one's, the old one reading only the columns it was fitted on."""
     from scipy.special import logit
 
-    from p2p.mining.cpu import train_marker_net as tm
+    from p2p.mining.lab import train_marker_net as tm
 
     rng = np.random.default_rng(7)
     n_old = 5

@@ -378,7 +378,7 @@ def test_black_ovals_on_downscaled_lattice_fringes():
     mask holds the bolder one alone."""
     import io
 
-    from p2p.mining.synth import generate_figure
+    from p2p.mining.lab.synth import generate_figure
     from p2p.shared.geometry import from_inclusive
 
     image, truth = generate_figure(1283475995, width=1000, height=800, scale=0.7441)
@@ -398,7 +398,7 @@ def test_black_ovals_on_downscaled_lattice_fringes():
 def test_small_arrows_of_a_small_jpeg_panel():
     """On a panel of 200 x 150 px (glyphs drawn at half size, then JPEG) the rules also examine a
     copy enlarged to about 300 px: arrows of 8-20 px the native scale misses are found there."""
-    from p2p.mining.synth.markers import Painter
+    from p2p.mining.lab.synth.markers import Painter
 
     found = total = 0
     for seed in (3, 5, 14, 18, 19):

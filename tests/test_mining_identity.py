@@ -42,7 +42,7 @@ FIGURES: dict[str, tuple[int, dict[str, Any]]] = {
 
 
 def _inputs() -> dict[str, tuple[np.ndarray, str]]:
-    from p2p.mining.synth.figure import generate_figure
+    from p2p.mining.lab.synth.figure import generate_figure
 
     out = {}
     for key, (seed, options) in FIGURES.items():

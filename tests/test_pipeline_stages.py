@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from p2p.mining.cpu.context import Stage, StageContext, check_order
+from p2p.mining.lab.synth.figure import generate_figure
 from p2p.mining.miner import Miner
 from p2p.mining.pipeline import CpuMiner
-from p2p.mining.synth.figure import generate_figure
 
 
 @pytest.fixture(scope="module")

@@ -122,7 +122,7 @@ def test_batchnorm_folding_keeps_the_output(tmp_path):
 
 
 def test_sampler_mirrors_the_targets_with_the_image():
-    from p2p.mining.cpu.train_seam_net import Figure, Sampler
+    from p2p.mining.lab.train_seam_net import Figure, Sampler
 
     rgb = np.full((96, 128, 3), 255, np.uint8)
     rgb[:, :40] = 30  # a dark panel on the left, a white one on the right
@@ -165,19 +165,19 @@ def test_training_command_makes_figures_and_writes_loadable_weights(tmp_path):
     data, weights = tmp_path / "figs", tmp_path / "w.pt"
     args = ["--data", str(data), "--figures", "2", "--data-seed", "140001", "--steps", "2", "--batch", "2",
             "--patch", "64", "--report-every", "1"]  # fmt: skip
-    done = run_module("p2p.mining.cpu.train_seam_net", *args, "--out", str(weights))
+    done = run_module("p2p.mining.lab.train_seam_net", *args, "--out", str(weights))
     assert done.returncode == 0, done.stderr
     assert "2 figures" in done.stdout and "step 2/2" in done.stdout
     assert torch.load(weights, weights_only=True)["meta"]["steps"] == 2
     load_weights(weights)
-    from p2p.mining.cpu.train_seam_net import main
+    from p2p.mining.lab.train_seam_net import main
 
     with pytest.raises(SystemExit):
         main([*args[:4], "--data-seed", "1001", "--out", str(tmp_path / "dev.pt")])
 
 
 def test_training_is_deterministic_given_the_seed():
-    from p2p.mining.cpu.train_seam_net import Figure, Settings, train
+    from p2p.mining.lab.train_seam_net import Figure, Settings, train
 
     rgb, seam = _two_panel_figure()
     figure = Figure(rgb[::4, ::4].copy(), [(0.0, 0.0, seam / 4, 120.0), (seam / 4, 0.0, 160.0, 120.0)])

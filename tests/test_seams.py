@@ -9,7 +9,7 @@ import pytest
 
 from p2p.mining.cpu.segmentation import seams
 from p2p.mining.cpu.segmentation.seams import FEATURE_NAMES, SeamModel, line_features, split_boxes
-from p2p.mining.cpu.train_seams import line_labels
+from p2p.mining.lab.train_seams import line_labels
 
 
 def step_model(threshold: float = 0.5) -> SeamModel:
@@ -277,7 +277,7 @@ def test_recurse_looks_at_both_parts_again_down_to_max_depth() -> None:
 def test_training_walk_follows_the_true_seams_into_the_parts(tmp_path) -> None:
     from PIL import Image
 
-    from p2p.mining.cpu.train_seams import Figure, Samples, walk
+    from p2p.mining.lab.train_seams import Figure, Samples, walk
 
     rng = np.random.default_rng(8)
     row = np.hstack([noisy(rng, 100, 80, 40), noisy(rng, 110, 80, 120), noisy(rng, 90, 80, 190)])
@@ -315,7 +315,7 @@ def test_training_walk_follows_the_true_seams_into_the_parts(tmp_path) -> None:
 
 
 def test_fit_weighs_samples() -> None:
-    from p2p.mining.cpu.train_seams import fit
+    from p2p.mining.lab.train_seams import fit
 
     # the same point labelled both ways: the heavier label wins
     x = np.array([[0.0, 0.0]] * 20 + [[1.0, 1.0]] * 20)
@@ -329,7 +329,7 @@ def test_fit_weighs_samples() -> None:
 def test_rule_boxes_are_kept_per_folder_and_rules_version(tmp_path, monkeypatch) -> None:
     from PIL import Image
 
-    from p2p.mining.cpu import train_seams
+    from p2p.mining.lab import train_seams
 
     Image.fromarray(np.full((60, 80, 3), 255, dtype=np.uint8)).save(tmp_path / "a.png")
     calls: list[int] = []

@@ -12,10 +12,10 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from p2p.mining.cpu import imaging
-from p2p.mining.cpu.eval_panels import error_kind, evaluate
 from p2p.mining.cpu.segmentation import segment
 from p2p.mining.cpu.segmentation.segment import corner_glyphs, ink_mask, rejected_guesses, segment_panels
-from p2p.mining.cpu.xycut import naive_xycut
+from p2p.mining.lab.eval_panels import error_kind, evaluate
+from p2p.mining.lab.xycut import naive_xycut
 from p2p.mining.types import LabelDetection
 from p2p.shared import geometry
 

@@ -32,7 +32,7 @@ app.add_typer(eval_app, name="eval")
 
 
 def _register_synth() -> None:
-    from p2p.mining.synth.cli import synth_command
+    from p2p.mining.lab.synth.cli import synth_command
 
     app.command("synth")(synth_command)
 
@@ -447,14 +447,14 @@ def eval_mining(
         raise typer.Exit(2)
     report: dict[str, object] = {}
     if captions is not None:
-        from p2p.mining.eval_captions import evaluate_prostate
+        from p2p.mining.lab.eval_captions import evaluate_prostate
 
         report["captions"] = evaluate_prostate(captions)
         out.write_text(json_lib.dumps(report, indent=2))
         _print_json(report["captions"])
         return
     assert folder is not None
-    from p2p.mining.evaluate import cpu_miner, evaluate_folder, naive_reference
+    from p2p.mining.lab.evaluate import cpu_miner, evaluate_folder, naive_reference
 
     if not (folder / "annotations.json").is_file():
         console.print(f"[red]{folder} has no annotations.json[/red]")
@@ -556,7 +556,7 @@ def _synthetic_corpus(folder: Path, count: int) -> Path:
     """``count`` synthetic compound figures (deterministic) with a manifest of their captions."""
     import json
 
-    from p2p.mining.synth.dataset import write_dataset
+    from p2p.mining.lab.synth.dataset import write_dataset
 
     manifest = folder / "manifest.jsonl"
     if manifest.is_file() and sum(1 for _ in manifest.open()) == count:

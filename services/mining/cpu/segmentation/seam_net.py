@@ -39,7 +39,7 @@ STRIDE = 4
 WEIGHTS_FILE = "seam_net.pt"
 ARCH = "seam-fpn-dws-v1"
 MAPS = ("vertical", "horizontal", "interior")
-REBUILD = "python -m p2p.mining.cpu.train_seam_net (command in its docstring)"
+REBUILD = "python -m p2p.mining.lab.train_seam_net (command in its docstring)"
 SIGMA = 0.6  # output cells: the soft width of a boundary line in the targets
 
 IntBox = tuple[int, int, int, int]

@@ -392,7 +392,7 @@ class SeamModel(_Mlp):
             # the worker stops at start with this message rather than failing every figure
             raise SeamModelError(
                 f"seam model {source} is unusable ({exc}); regenerate it with "
-                "python -m p2p.mining.cpu.train_seams (commands in its docstring)"
+                "python -m p2p.mining.lab.train_seams (commands in its docstring)"
             ) from exc
 
 

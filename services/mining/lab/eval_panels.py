@@ -1,6 +1,6 @@
 """Score panel segmenters (and the label reader) on figures with ground truth.
 
-``python -m p2p.mining.cpu.eval_panels --dir /work/shared/data/real-figures`` prints the naive
+``python -m p2p.mining.lab.eval_panels --dir /work/shared/data/real-figures`` prints the naive
 XY-cut reference next to ``segment_panels`` (``--buckets``: its misses at IoU 0.9 by kind). The
 folder holds the images and an ``annotations.json`` (file name -> entry with ``panels``:
 ``label``, inclusive ``box``); keys that start with ``_`` are notes. Matching is one-to-one and
@@ -182,7 +182,7 @@ def _row(name: str, report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from p2p.mining.cpu.segmentation.segment import segment_panels
-    from p2p.mining.cpu.xycut import naive_xycut
+    from p2p.mining.lab.xycut import naive_xycut
 
     parser = argparse.ArgumentParser(description="Compare naive XY-cut with segment_panels.")
     parser.add_argument("--dir", type=Path, required=True, help="folder with images and annotations.json")

@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from p2p.mining.synth.dataset import load_annotations, write_dataset
-    from p2p.mining.synth.figure import FigureOptions, generate_figure
+    from p2p.mining.lab.synth.dataset import load_annotations, write_dataset
+    from p2p.mining.lab.synth.figure import FigureOptions, generate_figure
 
 __all__ = ["FigureOptions", "generate_figure", "load_annotations", "write_dataset"]
 
 _HOMES = {
-    "load_annotations": "p2p.mining.synth.dataset",
-    "write_dataset": "p2p.mining.synth.dataset",
-    "FigureOptions": "p2p.mining.synth.figure",
-    "generate_figure": "p2p.mining.synth.figure",
+    "load_annotations": "p2p.mining.lab.synth.dataset",
+    "write_dataset": "p2p.mining.lab.synth.dataset",
+    "FigureOptions": "p2p.mining.lab.synth.figure",
+    "generate_figure": "p2p.mining.lab.synth.figure",
 }
 
 

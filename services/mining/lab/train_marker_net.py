@@ -1,13 +1,13 @@
 """Train the marker network (``marker_net``) on synthetic compound figures.
 
-The generator (``p2p.mining.synth``) writes figures with exact ground truth per marker (kind,
+The generator (``p2p.mining.lab.synth``) writes figures with exact ground truth per marker (kind,
 glyph box, target point, target box, direction); this script crops their image panels, samples
 fixed-size patches (most centred near a marker, the rest anywhere, so the network also learns
 what is not a marker), flips them for variety and trains CenterNet-style: focal loss on the heat
 maps, L1 on offsets, box sides and direction at the point cells. Deterministic given ``--seed``
 (data order, augmentation and initialisation), CPU only, ``--threads`` torch threads.
 
-    python -m p2p.mining.cpu.train_marker_net --data /tmp/marker-a --data /tmp/marker-b \\
+    python -m p2p.mining.lab.train_marker_net --data /tmp/marker-a --data /tmp/marker-b \\
         --figures 1600 --data-seed 100000 --seed 0 --steps 7000 --batch 12 --patch 256 \\
         --threads 1 --out services/mining/artifacts/marker_net.pt
 
@@ -32,7 +32,7 @@ weights file, whose network it keeps): every candidate of the rules and every ne
 its target box holds a true target point (``eval_markers``' lenient rule) or its point lies near
 one (the strict rule), fitted by scikit-learn's gradient-boosted trees:
 
-    python -m p2p.mining.cpu.train_marker_net --fusion --data /tmp/fusion-a --data /tmp/fusion-b \\
+    python -m p2p.mining.lab.train_marker_net --fusion --data /tmp/fusion-a --data /tmp/fusion-b \\
         --data /tmp/fusion-c --data /tmp/fusion-d --figures 400 --data-seed 120001 \\
         --out services/mining/artifacts/marker_net.pt
 
@@ -41,7 +41,7 @@ about six minutes on one thread). The shipped one is that model blended half and
 log-odds averaged) with one fitted with the glyph features (``markers._GLYPH_FEATURES``) on 400
 figures each of seeds 160000-160003 (56,092 candidates):
 
-    python -m p2p.mining.cpu.train_marker_net --fusion --blend 0.5 --data /tmp/fusion-e \\
+    python -m p2p.mining.lab.train_marker_net --fusion --blend 0.5 --data /tmp/fusion-e \\
         --data /tmp/fusion-f --data /tmp/fusion-g --data /tmp/fusion-h --figures 400 \\
         --data-seed 160000 --out services/mining/artifacts/marker_net.pt
 
@@ -299,8 +299,8 @@ def train(
 def fusion_data(folder: Path, net: MarkerNet | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels of every fusion candidate on the image panels of ``folder``, measured
     with ``net`` (the shipped network by default)."""
-    from p2p.mining.cpu.eval_markers import LENIENT_MARGIN, STRICT_RADIUS, _hit_lenient, _hit_strict
     from p2p.mining.cpu.markers.rules import FUSION_FEATURES, panel_candidates
+    from p2p.mining.lab.eval_markers import LENIENT_MARGIN, STRICT_RADIUS, _hit_lenient, _hit_strict
     from p2p.shared.geometry import from_inclusive
 
     annotations = json.loads((folder / "annotations.json").read_text(encoding="utf-8"))
@@ -414,7 +414,7 @@ def main_fusion(args: argparse.Namespace) -> int:
     xs, ys = [], []
     for n, folder in enumerate(args.data):
         if not (folder / "annotations.json").is_file():
-            from p2p.mining.synth.dataset import write_dataset
+            from p2p.mining.lab.synth.dataset import write_dataset
 
             seed = args.data_seed + n
             print(f"generating {args.figures} figures (seed {seed}) into {folder}", flush=True)
@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     crops: list[_Crop] = []
     for n, folder in enumerate(args.data):
         if not (folder / "annotations.json").is_file():
-            from p2p.mining.synth.dataset import write_dataset
+            from p2p.mining.lab.synth.dataset import write_dataset
 
             seed = args.data_seed + n
             print(f"generating {args.figures} figures (seed {seed}) into {folder}", flush=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from p2p.mining.synth import vocab
+from p2p.mining.lab.synth import vocab
 
 TOKEN_FORMATS = ("paren", "comma", "bare", "colon")
 EN_DASH = "\u2013"
@@ -542,7 +542,7 @@ def _has_inset(panel: PanelText) -> bool:
 
 
 def vocab_roman() -> tuple[str, ...]:
-    from p2p.mining.synth.labels import ROMAN
+    from p2p.mining.lab.synth.labels import ROMAN
 
     return ROMAN
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from p2p.mining.synth.fonts import get_font, text_box
-from p2p.mining.synth.util import Rect, inside, luminance, mask_bbox, overlaps, paste_alpha
+from p2p.mining.lab.synth.fonts import get_font, text_box
+from p2p.mining.lab.synth.util import Rect, inside, luminance, mask_bbox, overlaps, paste_alpha
 
 GLYPH_THRESHOLD = 30
 TIP_THRESHOLD = 96

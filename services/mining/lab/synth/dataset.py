@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from p2p.mining.synth.figure import generate_figure
+from p2p.mining.lab.synth.figure import generate_figure
 
 NOTES = {
     "coordinates": (

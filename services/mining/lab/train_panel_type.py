@@ -1,10 +1,10 @@
 """Train the panel type classifier and write ``panel_type_model.json``.
 
-    python -m p2p.mining.cpu.train_panel_type [--real-dir /work/shared/data/real-figures]
+    python -m p2p.mining.lab.train_panel_type [--real-dir /work/shared/data/real-figures]
 
 Training data:
 
-* synthetic panels drawn directly by the generator (``p2p.mining.synth``) from seeds
+* synthetic panels drawn directly by the generator (``p2p.mining.lab.synth``) from seeds
   ``0 .. train-1``: micrographs/medical images (with markers, scale bars, inside labels, groups of
   sub-images), plots (matplotlib and PIL), schematics (flow charts, cartoons) and tables, then JPEG
   compressed, rescaled and cropped a little loose or tight, as a segmenter would;
@@ -75,8 +75,8 @@ def _augment(rng: np.random.Generator, crop: np.ndarray) -> np.ndarray:
 
 def synthetic_panel(seed: int, kind: str | None = None) -> tuple[np.ndarray, str]:
     """One panel of a random (or the given) type drawn from ``seed``; deterministic."""
-    from p2p.mining.synth import charts, sources
-    from p2p.mining.synth.markers import Painter
+    from p2p.mining.lab.synth import charts, sources
+    from p2p.mining.lab.synth.markers import Painter
 
     rng = np.random.default_rng(np.random.SeedSequence([seed, 77]))
     if kind is None:
@@ -125,7 +125,7 @@ def synthetic_panel(seed: int, kind: str | None = None) -> tuple[np.ndarray, str
 
 def figure_panels(seed: int) -> Iterator[tuple[np.ndarray, str]]:
     """Panels cut from one whole synthetic figure by their boxes (with a little box jitter)."""
-    from p2p.mining.synth import generate_figure
+    from p2p.mining.lab.synth import generate_figure
 
     rng = np.random.default_rng(np.random.SeedSequence([seed, 78]))
     w = int(rng.integers(500, 1100))

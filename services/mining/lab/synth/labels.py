@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from p2p.mining.synth.fonts import get_font, text_box
-from p2p.mining.synth.util import Rect, mask_bbox
+from p2p.mining.lab.synth.fonts import get_font, text_box
+from p2p.mining.lab.synth.util import Rect, mask_bbox
 
 # Print styles: how a label of the sequence is printed. "1a" = figure number + letter.
 LABEL_STYLES = ("A", "a", "(a)", "(A)", "A.", "a.", "1", "(1)", "i", "(i)", "1a")

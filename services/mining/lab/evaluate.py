@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from p2p.mining.eval_captions import token_f1
+from p2p.mining.lab.eval_captions import token_f1
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
 
@@ -151,7 +151,7 @@ def evaluate_folder(folder: Path, miner: Miner, *, limit: int | None = None) -> 
 
 def naive_reference(image: np.ndarray, caption: str) -> MiningResult:
     """The benchmark's reference: a naive recursive XY-cut, panels only."""
-    from p2p.mining.cpu.xycut import naive_xycut
+    from p2p.mining.lab.xycut import naive_xycut
     from p2p.mining.types import MinedPanel
 
     started = time.perf_counter()

@@ -4,9 +4,9 @@ The shipped model comes from two runs: the line scorer, then the cut judge on to
 and tuned on other seeds than the line scorer's (its scores on its own training figures are
 overconfident):
 
-    python -m p2p.mining.cpu.train_seams --data /tmp/seams/train --seeds 110000-110009 \\
+    python -m p2p.mining.lab.train_seams --data /tmp/seams/train --seeds 110000-110009 \\
         --held-seeds 110010-110011 --per-seed 200 --out /tmp/seams/n1/lines.json
-    python -m p2p.mining.cpu.train_seams --data /tmp/seams/train --seeds 110012-110021 \\
+    python -m p2p.mining.lab.train_seams --data /tmp/seams/train --seeds 110012-110021 \\
         --held-seeds 110022-110023 --per-seed 200 --lines /tmp/seams/n1/lines.json --judge \\
         --judge-threshold 0.95 --out services/mining/artifacts/seam_model.json
 
@@ -61,7 +61,6 @@ from typing import Any
 import cv2
 import numpy as np
 
-from p2p.mining.cpu.eval_panels import load_image
 from p2p.mining.cpu.segmentation import seam_net, segment
 from p2p.mining.cpu.segmentation.seams import (
     CUT_FEATURES,
@@ -77,6 +76,7 @@ from p2p.mining.cpu.segmentation.seams import (
     top_seam,
 )
 from p2p.mining.cpu.segmentation.segment import ink_mask, segment_figure
+from p2p.mining.lab.eval_panels import load_image
 from p2p.mining.params import load_params
 from p2p.shared import geometry
 

@@ -20,7 +20,7 @@ def synth_command(
 ) -> None:
     """Generate synthetic compound figures (panels, labels, markers, captions) with exact ground truth."""
     # Imported here so that `p2p --help` does not pay for matplotlib and scikit-image.
-    from p2p.mining.synth.dataset import parse_size, write_dataset
+    from p2p.mining.lab.synth.dataset import parse_size, write_dataset
 
     try:
         dims = parse_size(size)

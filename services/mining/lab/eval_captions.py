@@ -1,6 +1,6 @@
 """Score the caption splitter against hand-split captions, next to two naive baselines.
 
-``python -m p2p.mining.eval_captions --prostate PATH --real PATH --out FILE``
+``python -m p2p.mining.lab.eval_captions --prostate PATH --real PATH --out FILE``
 
 * ``--prostate``: ``prostate.jsonl`` (one JSON object a line: ``id``, ``caption``, ``labels``,
   ``subcaptions``; convention: preamble prepended, label markers removed). The splitter runs

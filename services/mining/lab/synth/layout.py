@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from p2p.mining.synth.util import Rect
+from p2p.mining.lab.synth.util import Rect
 
 LAYOUT_KINDS = ("grid", "rows", "columns", "guillotine")
 

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from p2p.mining.synth import charts, sources, vocab
-from p2p.mining.synth.captions import MarkerMention, PanelText, build_caption
-from p2p.mining.synth.fonts import LABEL_FONTS
-from p2p.mining.synth.labels import LABEL_STYLES, LabelPatch, label_sequence, printed, render_label
-from p2p.mining.synth.layout import LAYOUT_KINDS, make_layout, split_group
-from p2p.mining.synth.markers import MarkerDraw, Painter
-from p2p.mining.synth.util import (
+from p2p.mining.lab.synth import charts, sources, vocab
+from p2p.mining.lab.synth.captions import MarkerMention, PanelText, build_caption
+from p2p.mining.lab.synth.fonts import LABEL_FONTS
+from p2p.mining.lab.synth.labels import LABEL_STYLES, LabelPatch, label_sequence, printed, render_label
+from p2p.mining.lab.synth.layout import LAYOUT_KINDS, make_layout, split_group
+from p2p.mining.lab.synth.markers import MarkerDraw, Painter
+from p2p.mining.lab.synth.util import (
     Rect,
     luminance,
     paste_alpha,
@@ -425,7 +425,7 @@ def generate_figure(seed: int, **options: Any) -> tuple[Image.Image, dict[str, A
         "image_url": None,
         "notes": [],
         "synth": {
-            "generator": f"p2p.mining.synth {GENERATOR_VERSION}",
+            "generator": f"p2p.mining.lab.synth {GENERATOR_VERSION}",
             "seed": int(seed),
             "options": {k: v for k, v in asdict(opts).items() if v is not None},
             "canvas": [W, H],

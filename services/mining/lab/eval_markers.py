@@ -16,7 +16,7 @@ image-type panel using the annotated panel box, and reports:
   a kind the caption's words for it also refer to (``regions.MENTION_KINDS``: "arrows" attach
   to arrowheads, "asterisk" to stars), so its caption fragment still attaches.
 
-    python -m p2p.mining.cpu.eval_markers --dir /work/shared/data/real-figures
+    python -m p2p.mining.lab.eval_markers --dir /work/shared/data/real-figures
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train the panel-boundary network (``seam_net``) on synthetic compound figures.
 
-Every figure of the generator (``p2p.mining.synth``) comes with its exact panel boxes. The
+Every figure of the generator (``p2p.mining.lab.synth``) comes with its exact panel boxes. The
 figures are kept as copies whose longer side is ``seam_net.SIDE``; a training sample is one such
 copy scaled again by a random factor (``--jitter``: the network must not depend on one panel
 size), mirrored left-right and/or top-bottom, cut or edge-padded to a ``--patch`` square (as
@@ -9,7 +9,7 @@ cross-entropy on the two boundary maps (they are rare; the soft line edges are t
 and 1) plus a plain one on the panel-interior map. Deterministic given ``--seed`` (data order,
 augmentation and initialisation), CPU only, ``--threads`` torch threads.
 
-    python -m p2p.mining.cpu.train_seam_net --data /tmp/seamnet/d140000 --data /tmp/seamnet/d140001 \\
+    python -m p2p.mining.lab.train_seam_net --data /tmp/seamnet/d140000 --data /tmp/seamnet/d140001 \\
         --figures 1500 --data-seed 140000 --seed 0 --steps 3500 --batch 8 --patch 384 \\
         --threads 1 --out services/mining/artifacts/seam_net.pt
 
@@ -190,7 +190,7 @@ def train(
 def _figures(folders: list[Path], count: int, first_seed: int) -> list[Figure]:
     """The figures of ``folders``, generating ``count`` into each that has none yet (the n-th
     with seed ``first_seed + n``)."""
-    from p2p.mining.synth.dataset import write_dataset
+    from p2p.mining.lab.synth.dataset import write_dataset
 
     figures: list[Figure] = []
     for n, folder in enumerate(folders):

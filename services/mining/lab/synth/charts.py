@@ -18,9 +18,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from PIL import Image, ImageDraw
 
-from p2p.mining.synth import vocab
-from p2p.mining.synth.fonts import BODY_FONTS, BOLD_OF, PLOT_FAMILIES, get_font
-from p2p.mining.synth.util import crop_to_ink
+from p2p.mining.lab.synth import vocab
+from p2p.mining.lab.synth.fonts import BODY_FONTS, BOLD_OF, PLOT_FAMILIES, get_font
+from p2p.mining.lab.synth.util import crop_to_ink
 
 PLOT_KINDS = ("bar", "line", "scatter", "heatmap", "hist", "box", "survival", "spectrum")
 SPECTRUM_AXES = (  # (x axis, from, to, what the caption calls the curves)
