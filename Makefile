@@ -54,6 +54,8 @@ typecheck: install
 	ln -s ../../../services/training build/typecheck/p2p/training
 	ln -s ../../../services/embedding-api build/typecheck/p2p/embedding_api
 	ln -s ../../../services/cli build/typecheck/p2p/cli
+	ln -s ../../../models build/typecheck/p2p/models
+	ln -s ../../../apps build/typecheck/p2p/apps
 	MYPYPATH=build/typecheck $(BIN)/mypy -p p2p
 
 check: lint typecheck test

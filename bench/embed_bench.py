@@ -375,7 +375,8 @@ def crop_images(runtime: Any, count: int) -> list[bytes]:
 
 def register_and_reindex(runtime: Any, spec: Any, version: str) -> tuple[uuid.UUID, Callable[[], Any]]:
     """Register and activate ``spec``; returns the version id and the re-index to run."""
-    from p2p.embedding_api.indexing import activate, register, reindex
+    from p2p.embedding_api.indexing import register, reindex
+    from p2p.models.registry import activate
 
     space = runtime.settings.embedding.space
     with runtime.session() as session:
@@ -492,7 +493,7 @@ def insert_scale_rows(runtime: Any, n_panels: int, rng: np.random.Generator) -> 
                     )
                 )  # fmt: skip
         with cur.copy(
-            "COPY mining_job (id, figure_id, backend, backend_version, params, status, attempts, "
+            "COPY mining_job (id, figure_id, backend, miner_version, params, status, attempts, "
             "stage_timings, cost, notes) FROM STDIN"
         ) as copy:
             for jid, fid in zip(jobs, figures, strict=True):
@@ -1036,8 +1037,9 @@ def main() -> int:
     from sqlalchemy import update
 
     from p2p.embedding_api import vectors
-    from p2p.embedding_api.indexing import get_space, register
-    from p2p.embedding_api.modeling import ModelSpec, default_spec, load_model
+    from p2p.embedding_api.indexing import register
+    from p2p.models.modeling import ModelSpec, default_spec, load_model
+    from p2p.models.registry import get_space
     from p2p.shared.db.models import EmbeddingSpace, ModelStatus, ModelVersion
     from p2p.shared.runtime import build_runtime
     from p2p.shared.settings import QueueSettings, Settings

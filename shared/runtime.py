@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -117,8 +118,6 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
 
 
 def _check_schema(engine: Engine) -> None:
-    from alembic.script import ScriptDirectory
-
     head = ScriptDirectory.from_config(migrate.alembic_config(str(engine.url))).get_current_head()
     current = migrate.current_revision(engine)
     if current != head:

@@ -102,7 +102,8 @@ class JobPublic(BaseModel):
     id: uuid.UUID
     figure_id: uuid.UUID
     backend: str
-    backend_version: str
+    miner_version: str | None
+    superseded_by_id: uuid.UUID | None
     prompt_version: str | None
     status: JobStatus
     attempts: int
@@ -134,6 +135,7 @@ class FigurePublic(BaseModel):
     source_ref: str | None
     created_at: datetime
     article: ArticlePublic | None
+    miner_version: str | None
     panels: list[PanelPublic]
 
 

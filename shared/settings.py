@@ -132,7 +132,6 @@ class LvlmSettings(BaseModel):
 
 class MiningSettings(BaseModel):
     backend: Literal["cpu", "lvlm"] = "cpu"
-    backend_version: str = "1"
     # A mining worker runs one figure at a time and is scaled by processes (one per core), so
     # torch's intra-op threads only oversubscribe the cores: the miner's text encoder took 100-200 ms
     # per figure with the default threads on a busy machine, 2-6 ms with one (bench/README.md).

@@ -111,11 +111,18 @@ from typing import Any  # noqa: E402
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from p2p.apps.tasks import register_tasks  # noqa: E402
 from p2p.ingest.app import create_app  # noqa: E402
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime  # noqa: E402
 from p2p.shared.settings import Settings  # noqa: E402
 
 SettingsFactory = Callable[..., Settings]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _task_modules() -> None:
+    """What p2p.apps does for a real process: in-process dispatchers find every service's tasks."""
+    register_tasks()
 
 
 @pytest.fixture

@@ -199,7 +199,7 @@ def test_cost_sums_lvlm_requests_per_figure_and_stage(cli_env: Path, db: Engine)
                 MiningJob(
                     figure_id=figure.id,
                     backend="lvlm",
-                    backend_version="1",
+                    miner_version="lvlm-1-paper",
                     status=JobStatus.SUCCEEDED,
                     cost=cost,
                 )

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ K8S = ROOT / "k8s"
 K8S_GPU = K8S / "gpu"
 NAMESPACE = "panel2patch"
 
-CELERY_APP = "p2p.shared.worker:celery_app"
+CELERY_APP = "p2p.apps.worker:celery_app"
 # Queues the Celery workers consume.
 CELERY_QUEUES = {"ingest", "mining", "mining-lvlm", "embedding", "training"}
 # `p2p` sub-commands that deployment files may run; all of them exist in the CLI.
@@ -1262,7 +1263,10 @@ def test_dockerfile(service: str) -> None:
     assert names.index("USER") > max(i for i, n in enumerate(names) if n == "RUN")
 
     copies = " ".join(args for name, args in instructions if name == "COPY")
-    for needed in ("pyproject.toml", "README.md", "shared/", "services/"):
+    # Every folder that pyproject maps a p2p package from (services/ holds several).
+    package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    folders = {f"{Path(d).parts[0]}/" for d in package_dirs.values()}
+    for needed in ("pyproject.toml", "README.md", *sorted(folders)):
         assert needed in copies, f"{needed} is not copied"
     installs = [args for name, args in instructions if name == "RUN" and "pip install" in args]
     assert installs and all("--no-cache-dir" in args for args in installs)
@@ -1292,7 +1296,7 @@ def test_dockerignore_keeps_context_clean() -> None:
     }
     for needed in (".venv", ".p2p-data", ".git", "**/__pycache__", ".env"):
         assert needed in entries, f".dockerignore misses {needed}"
-    for kept in ("shared", "services", "pyproject.toml", "README.md"):
+    for kept in ("shared", "models", "apps", "services", "pyproject.toml", "README.md"):
         assert kept not in entries and f"/{kept}" not in entries
 
 

@@ -19,13 +19,14 @@ from PIL import Image
 from sqlalchemy import select
 
 from p2p.embedding_api.app import create_app
-from p2p.embedding_api.indexing import activate, register, reindex
-from p2p.embedding_api.modeling import ModelSpec, load_model, save_checkpoint
-from p2p.embedding_api.taxonomy import FIGURE_TYPES
+from p2p.embedding_api.indexing import register, reindex
 from p2p.ingest.app import create_app as create_ingest_app
 from p2p.ingest.samples import make_figure
 from p2p.mining.jobs import mine_job
 from p2p.mining.tasks import get_miner
+from p2p.models.modeling import ModelSpec, load_model, save_checkpoint
+from p2p.models.registry import activate
+from p2p.models.taxonomy import FIGURE_TYPES
 from p2p.shared.auth import create_api_key
 from p2p.shared.db.models import Figure, Panel, Region
 from p2p.shared.queue import InProcessDispatcher

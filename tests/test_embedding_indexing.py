@@ -11,12 +11,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from p2p.embedding_api import vectors
-from p2p.embedding_api.indexing import activate, clear_model_cache, embed_figures, register, reindex
-from p2p.embedding_api.modeling import ModelSpec, default_spec, load_model, save_checkpoint
+from p2p.embedding_api.indexing import clear_model_cache, embed_figures, register, reindex
 from p2p.ingest.app import create_app
 from p2p.ingest.samples import make_figure
 from p2p.mining.jobs import mine_job
 from p2p.mining.tasks import get_miner
+from p2p.models.modeling import ModelSpec, default_spec, load_model, save_checkpoint
+from p2p.models.registry import activate
 from p2p.shared.db.models import EmbeddingSpace, ModelStatus, ModelVersion, Panel, Region
 from p2p.shared.errors import InvalidInput
 from p2p.shared.queue import InProcessDispatcher

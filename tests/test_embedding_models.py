@@ -17,9 +17,9 @@ import pytest
 import torch
 from PIL import Image
 
-from p2p.embedding_api import modeling
 from p2p.embedding_api.batching import MicroBatcher
-from p2p.embedding_api.modeling import (
+from p2p.models import modeling
+from p2p.models.modeling import (
     DEFAULT_MODEL_NAME,
     EmbeddingModel,
     ModelLoadError,
@@ -29,7 +29,7 @@ from p2p.embedding_api.modeling import (
     model_dim,
     save_checkpoint,
 )
-from p2p.embedding_api.taxonomy import FIGURE_TYPES, prompt_for, zero_shot
+from p2p.models.taxonomy import FIGURE_TYPES, prompt_for, zero_shot
 from p2p.shared.storage import LocalObjectStore
 
 
@@ -444,7 +444,7 @@ def test_microbatcher_prepare_runs_beside_the_event_loop(tiny: EmbeddingModel):
 def test_prepared_images_embed_exactly_like_pil_images(default_model: EmbeddingModel):
     """``prepare_image`` (PIL steps only, any thread) + the batched scaling and normalisation give
     bit-for-bit open_clip's per-image transform, for odd sizes and modes too."""
-    from p2p.embedding_api.modeling import _to_rgb
+    from p2p.models.modeling import _to_rgb
 
     pics = [*images(3, seed=11, size=(150, 97)), Image.new("L", (90, 60), 128), Image.new("RGBA", (50, 70))]
     prepared = [default_model.prepare_image(im) for im in pics]
@@ -502,7 +502,7 @@ def test_random_weights_are_the_same_in_every_process_that_loads_the_spec() -> N
     import numpy as np
     from PIL import Image
 
-    from p2p.embedding_api.modeling import ModelSpec, load_model
+    from p2p.models.modeling import ModelSpec, load_model
 
     config = {
         "embed_dim": 32,
@@ -521,7 +521,7 @@ def test_text_padding_is_trimmed_without_changing_the_embedding() -> None:
     import numpy as np
     import torch
 
-    from p2p.embedding_api.modeling import default_spec, load_model
+    from p2p.models.modeling import default_spec, load_model
 
     model = load_model(default_spec())
     texts = ["cells", "a kidney biopsy stained with hematoxylin and eosin showing glomeruli"]

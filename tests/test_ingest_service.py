@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from p2p.ingest.images import digest_stream, inspect_image
 from p2p.ingest.service import ingest_figure
 from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from p2p.shared.images import digest_stream, inspect_image
 from p2p.shared.runtime import Runtime
 from p2p.shared.schemas import ArticleIn, FigureMetadata
 from tests.helpers import image_bytes, object_count, row_counts

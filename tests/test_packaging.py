@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -21,6 +22,8 @@ LOADED_AT_RUN_TIME = (
     "p2p/shared/migrations/script.py.mako",
     "p2p/embedding_api/static/index.html",
     "p2p/embedding_api/static/viewer.js",
+    "p2p/models/modeling.py",  # the packages outside services/
+    "p2p/apps/worker.py",
 )
 
 
@@ -31,7 +34,8 @@ def test_the_wheel_carries_the_data_files_the_code_loads(tmp_path: Path) -> None
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for folder in ("shared", "services"):
+    package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for folder in sorted({Path(d).parts[0] for d in package_dirs.values()}):
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [

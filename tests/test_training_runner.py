@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from p2p.embedding_api.modeling import ModelSpec, load_model
+from p2p.models.modeling import ModelSpec, load_model
 from p2p.shared.storage import LocalObjectStore
 from p2p.training import checkpoints as ckpt
 from p2p.training.config import TrainConfig

@@ -15,7 +15,7 @@ import torch
 from PIL import Image, ImageDraw
 from pydantic import ValidationError
 
-from p2p.embedding_api.modeling import default_spec
+from p2p.models.modeling import default_spec
 from p2p.training.batch import FigureSample, HierBatch, PanelSample, RegionSample, collate
 from p2p.training.config import TrainConfig, TrainConfigError, load_config
 from p2p.training.hierarchy import HierarchicalCLIP, build_model

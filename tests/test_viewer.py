@@ -17,7 +17,7 @@ import uvicorn
 from sqlalchemy import select
 
 from p2p.embedding_api.app import create_app
-from p2p.shared.db.models import Panel
+from p2p.shared.db.models import MiningJob, Panel
 from p2p.shared.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.test_embedding_api import index_corpus, mine_corpus
@@ -151,6 +151,11 @@ def test_figure_page_draws_every_box_and_toggles_hide_them(
     text = page.locator("#items").inner_text()
     assert all(sub in text for sub in subcaptions)
     assert "Liver atlas" in page.locator("#article").inner_text()
+    with runtime.session() as session:
+        version = session.scalar(
+            select(MiningJob.miner_version).where(MiningJob.figure_id == uuid.UUID(figure_id))
+        )
+    assert version and f"mined by {version}" in page.locator("#figure-title").inner_text()
     # the boxes sit on the image: the first panel's box scales with the displayed image
     image_box = page.locator("#figure-image").bounding_box()
     first = page.locator("#panel-boxes rect.box.panel").first.bounding_box()

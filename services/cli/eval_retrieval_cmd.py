@@ -11,8 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from p2p.cli.common import open_runtime, settings_or_exit
+from p2p.shared.runtime import build_store
+
 if TYPE_CHECKING:
-    from p2p.embedding_api.modeling import ModelSpec
+    from p2p.models.modeling import ModelSpec
     from p2p.shared.runtime import Runtime
     from p2p.shared.storage import ObjectStore
 
@@ -26,22 +29,16 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _runtime() -> Runtime:
-    from p2p.cli.main import _runtime as build
-    from p2p.cli.main import _settings
-
-    return build(_settings())
+    return open_runtime(settings_or_exit())
 
 
 def _store() -> ObjectStore:
     """The object store alone, for runs that need no database."""
-    from p2p.cli.main import _settings
-    from p2p.shared.runtime import build_store
-
-    return build_store(_settings())
+    return build_store(settings_or_exit())
 
 
 def _local_spec(source: str, architecture: str | None, config: Path | None) -> ModelSpec:
-    from p2p.embedding_api.modeling import ModelSpec
+    from p2p.models.modeling import ModelSpec
 
     cfg = json.loads(config.read_text()) if config is not None else None
     name = Path(source.partition(":")[2]).stem or source
@@ -53,7 +50,7 @@ def resolve_specs(
 ) -> dict[str, ModelSpec]:
     """Model arguments to specs: ``default``, ``local:PATH`` (with --architecture/--config) or a
     model version id in the database (then ``runtime`` is needed)."""
-    from p2p.embedding_api.modeling import default_spec
+    from p2p.models.modeling import default_spec
 
     specs: dict[str, ModelSpec] = {}
     for value in models or ["default"]:
@@ -68,7 +65,7 @@ def resolve_specs(
                 raise _fail(f"not a model: {value!r} (a version id, 'default' or 'local:PATH')") from exc
             if runtime is None:
                 raise _fail("model version ids need the database")
-            from p2p.embedding_api.indexing import spec_of
+            from p2p.models.registry import spec_of
             from p2p.shared.db.models import ModelVersion
 
             with runtime.session() as session:
@@ -115,7 +112,7 @@ def eval_retrieval(
     ] = None,
 ) -> None:
     """Panel, region and figure Recall@1/5/10 (both directions) and zero-shot figure-type accuracy."""
-    from p2p.embedding_api.modeling import ModelLoadError
+    from p2p.models.modeling import ModelLoadError
     from p2p.training import evaluate
     from p2p.training.dataset import DatasetError, iter_samples
 
@@ -154,7 +151,7 @@ def eval_retrieval(
 
 def _load(store: ObjectStore) -> Any:
     def load(spec: ModelSpec) -> Any:
-        from p2p.embedding_api.modeling import load_model
+        from p2p.models.modeling import load_model
 
         return load_model(spec, store=store)
 

@@ -13,9 +13,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import func, select
 
+from p2p.cli.common import open_runtime, settings_or_exit
+from p2p.cli.eval_retrieval_cmd import eval_retrieval
+from p2p.cli.mine_cmd import mine
+from p2p.cli.models_cmd import models_app
+from p2p.cli.train_cmd import train_app
+from p2p.mining import remine
 from p2p.shared.db.models import BatchKind
 from p2p.shared.runtime import Runtime
-from p2p.shared.settings import Settings, get_settings
+from p2p.shared.settings import Settings
 
 app = typer.Typer(
     help="Panel2Patch: mine biomedical figures into figure/panel/region image-text pairs.",
@@ -29,6 +35,10 @@ app.add_typer(db_app, name="db")
 app.add_typer(serve_app, name="serve")
 eval_app = typer.Typer(help="Evaluate mining and retrieval.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
+app.add_typer(models_app, name="models")
+app.add_typer(train_app, name="train")
+eval_app.command("retrieval")(eval_retrieval)
+app.command("mine")(mine)
 
 
 def _register_synth() -> None:
@@ -40,32 +50,6 @@ def _register_synth() -> None:
 _register_synth()
 
 
-def _register_models() -> None:
-    from p2p.cli.models_cmd import models_app
-
-    app.add_typer(models_app, name="models")
-
-
-_register_models()
-
-
-def _register_train() -> None:
-    from p2p.cli.train_cmd import train_app
-
-    app.add_typer(train_app, name="train")
-
-
-_register_train()
-
-
-def _register_eval_retrieval() -> None:
-    from p2p.cli.eval_retrieval_cmd import eval_retrieval
-
-    eval_app.command("retrieval")(eval_retrieval)
-
-
-_register_eval_retrieval()
-
 console = Console(stderr=True)
 out = Console()
 
@@ -74,20 +58,8 @@ DEMO_TRAIN_STEPS = 240
 DEMO_RUN_NAME = "demo"
 
 
-def _settings() -> Settings:
-    try:
-        return get_settings()
-    except Exception as exc:  # pydantic's message names the variable at fault
-        console.print(f"[red]configuration error:[/red] {exc}")
-        raise typer.Exit(2) from exc
-
-
-def _runtime(settings: Settings) -> Runtime:
-    from p2p.shared.runtime import build_runtime, set_process_runtime
-
-    runtime = build_runtime(settings)
-    set_process_runtime(runtime)
-    return runtime
+_settings = settings_or_exit
+_runtime = open_runtime
 
 
 @app.callback()
@@ -229,6 +201,7 @@ def status() -> None:
             panels = session.scalar(select(func.count()).select_from(Panel))
             regions = session.scalar(select(func.count()).select_from(Region))
             recent = list(session.scalars(select(Batch).order_by(Batch.created_at.desc()).limit(10)))
+            versions = remine.figures_per_version(session)
     finally:
         runtime.close()
     table = Table(title="Panel2Patch")
@@ -239,6 +212,8 @@ def status() -> None:
         table.add_row(f"  figures {figure_status}", str(count))
     for job_status, count in sorted(jobs.items()):
         table.add_row(f"  mining jobs {job_status}", str(count))
+    for backend, version, count in versions:
+        table.add_row(f"  figures mined by {backend} {version or '(no version recorded)'}", str(count))
     table.add_row("panels", str(panels))
     table.add_row("regions", str(regions))
     out.print(table)
@@ -409,9 +384,9 @@ def serve_ingest(
     port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Serve the ingest API (OpenAPI docs at /docs)."""
-    from p2p.ingest.app import create_app
+    from p2p.apps import api  # lazy: the apps load torch, which `p2p --help` should not wait for
 
-    _serve(create_app, host, port)
+    _serve(api.ingest_app, host, port)
 
 
 @serve_app.command("embedding-api")
@@ -420,9 +395,9 @@ def serve_embedding_api(
     port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Serve the embedding and retrieval API and its web viewer (at /)."""
-    from p2p.embedding_api.app import create_app
+    from p2p.apps import api  # lazy: see serve_ingest
 
-    _serve(create_app, host, port)
+    _serve(api.embedding_app, host, port)
 
 
 @eval_app.command("mining")
@@ -624,8 +599,9 @@ def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
     """Index the corpus with ``version_id`` (the demo's trained model; else the default model,
     registered once), then show one search."""
     from p2p.embedding_api import vectors
-    from p2p.embedding_api.indexing import activate, get_space, register, spec_of
-    from p2p.embedding_api.modeling import DEFAULT_MODEL_NAME, default_spec, load_model
+    from p2p.embedding_api.indexing import register
+    from p2p.models.modeling import DEFAULT_MODEL_NAME, default_spec, load_model
+    from p2p.models.registry import activate, get_space, spec_of
     from p2p.shared.db.models import ModelStatus, ModelVersion
     from p2p.shared.queue import InProcessDispatcher
 
@@ -679,15 +655,14 @@ def serve_demo(settings: Settings, port: int) -> None:
 
     import uvicorn
 
-    from p2p.embedding_api.app import create_app as create_embedding_app
-    from p2p.ingest.app import create_app as create_ingest_app
+    from p2p.apps import api  # lazy: see serve_ingest
 
     _refuse_open_bind_without_keys(settings, settings.server.host)
     runtime = _runtime(settings)
     try:
         embedding = uvicorn.Server(
             uvicorn.Config(
-                create_embedding_app(runtime=runtime),
+                api.embedding_app(runtime=runtime),
                 host=settings.server.host,
                 port=port + 1,
                 log_level="warning",
@@ -697,7 +672,7 @@ def serve_demo(settings: Settings, port: int) -> None:
         thread.start()
         try:
             uvicorn.run(
-                create_ingest_app(runtime=runtime),
+                api.ingest_app(runtime=runtime),
                 host=settings.server.host,
                 port=port,
                 log_level=settings.log_level.lower(),

@@ -14,16 +14,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
 
+from p2p.cli.common import open_runtime, settings_or_exit
+
 models_app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
 out = Console()
 err = Console(stderr=True)
 
 
 def _runtime() -> Any:
-    from p2p.cli.main import _runtime as build
-    from p2p.cli.main import _settings
-
-    return build(_settings())
+    return open_runtime(settings_or_exit())
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -43,7 +42,7 @@ def register_cmd(
 ) -> None:
     """Register a model version (its weights are loaded once to check them)."""
     from p2p.embedding_api.indexing import register
-    from p2p.embedding_api.modeling import ModelSpec, default_spec
+    from p2p.models.modeling import ModelSpec, default_spec
     from p2p.shared.errors import P2PError
 
     if name is None and architecture is None:
@@ -98,7 +97,7 @@ def activate_cmd(
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the re-index to its end.")] = True,
 ) -> None:
     """Re-embed the corpus with a version; the space switches when it is complete."""
-    from p2p.embedding_api.indexing import activate
+    from p2p.models.registry import activate
     from p2p.shared.db.models import ModelStatus, ModelVersion
     from p2p.shared.errors import P2PError
 

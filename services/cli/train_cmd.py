@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.shared.runtime import Runtime
 
 train_app = typer.Typer(help="Hierarchical CLIP training runs.", no_args_is_help=True)
@@ -22,10 +23,7 @@ POLL_S = 0.5
 
 
 def _runtime() -> Runtime:
-    from p2p.cli.main import _runtime as build
-    from p2p.cli.main import _settings
-
-    return build(_settings())
+    return open_runtime(settings_or_exit())
 
 
 def _fail(message: str) -> typer.Exit:

@@ -12,23 +12,24 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from p2p.embedding_api.batching import MicroBatcher
+from p2p.embedding_api.batching import BatcherStopped, MicroBatcher
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
+from p2p.models.modeling import default_spec, load_model
+from p2p.models.registry import spec_of
 from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import EmbeddingSettings, Settings, get_settings
-from p2p.training import routes as training_routes
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ STATIC_DIR = Path(__file__).parent / "static"
 REFRESH_INTERVAL_S = 5.0
 # How long a swapped-out model keeps answering the requests that already hold it.
 RETIRE_GRACE_S = 30.0
+# This service's own routes; the process that serves it may add others' (p2p.apps.api).
+ROUTERS: tuple[APIRouter, ...] = tuple(m.router for m in (health, embed, search, items, classify, models))
 
 
 def active_version(runtime: Runtime, space: str) -> ModelVersion | None:
@@ -67,8 +70,6 @@ def make_batcher(model: Any, settings: EmbeddingSettings) -> MicroBatcher:
 def load_state(runtime: Runtime, space: str) -> ModelState:
     """Load the space's active version (blocking: run it in a thread); the default model when the
     space has none or its version cannot be loaded (the reason is kept for the errors)."""
-    from p2p.embedding_api.indexing import spec_of
-    from p2p.embedding_api.modeling import default_spec, load_model
 
     settings = runtime.settings.embedding
     version = active_version(runtime, space)
@@ -124,8 +125,6 @@ async def refresh_forever(app: FastAPI, runtime: Runtime, space: str, interval_s
 
 
 def install_batcher_handler(app: FastAPI) -> None:
-    from p2p.embedding_api.batching import BatcherStopped
-
     @app.exception_handler(BatcherStopped)
     async def _stopped(_: Request, exc: BatcherStopped) -> JSONResponse:
         return error_response(
@@ -152,6 +151,7 @@ def create_app(
     runtime: Runtime | None = None,
     *,
     refresh_interval_s: float = REFRESH_INTERVAL_S,
+    routers: Sequence[APIRouter] = ROUTERS,
 ) -> FastAPI:
     settings = runtime.settings if runtime is not None else (settings or get_settings())
     space = settings.embedding.space
@@ -190,8 +190,7 @@ def create_app(
     install_error_handlers(app)
     install_batcher_handler(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
-    for module in (health, embed, search, items, classify, models):
-        app.include_router(module.router)
-    app.include_router(training_routes.router)
+    for router in routers:
+        app.include_router(router)
     mount_viewer(app)
     return app

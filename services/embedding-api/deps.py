@@ -11,7 +11,7 @@ from p2p.shared.errors import ServiceUnavailable
 
 if TYPE_CHECKING:
     from p2p.embedding_api.batching import MicroBatcher
-    from p2p.embedding_api.modeling import EmbeddingModel
+    from p2p.models.modeling import EmbeddingModel
 
 
 @dataclass(frozen=True)

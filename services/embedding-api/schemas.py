@@ -180,6 +180,7 @@ class FigureDetailPublic(BaseModel):
     source: str
     created_at: datetime
     article: ArticleBrief | None
+    miner_version: str | None  # of the miner whose panels these are; None until mined
     panels: list[PanelDetailPublic]
 
 

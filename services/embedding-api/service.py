@@ -36,9 +36,9 @@ from p2p.embedding_api.schemas import (
     SearchCreate,
     SearchPublic,
 )
-from p2p.ingest.images import inspect_image
 from p2p.shared.db.models import Article, Figure, Panel, Region
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable
+from p2p.shared.images import inspect_image
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings
 from p2p.shared.storage import ObjectNotFound, ObjectStore, StorageError
@@ -501,7 +501,11 @@ def figure_detail(session: Session, figure_id: uuid.UUID) -> FigureDetailPublic:
     figure = session.scalars(
         select(Figure)
         .where(Figure.id == figure_id)
-        .options(selectinload(Figure.article), selectinload(Figure.panels).selectinload(Panel.regions))
+        .options(
+            selectinload(Figure.article),
+            selectinload(Figure.jobs),
+            selectinload(Figure.panels).selectinload(Panel.regions),
+        )
     ).first()
     if figure is None:
         raise NotFound(f"no figure {figure_id}")
@@ -517,6 +521,7 @@ def figure_detail(session: Session, figure_id: uuid.UUID) -> FigureDetailPublic:
         source=figure.source,
         created_at=figure.created_at,
         article=_article(figure.article),
+        miner_version=figure.miner_version,
         panels=[PanelDetailPublic(**_panel_fields(p)) for p in figure.panels],
     )
 

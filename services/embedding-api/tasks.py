@@ -11,6 +11,10 @@ from p2p.shared.tasks import P2PTask
 log = logging.getLogger(__name__)
 
 
+# Every worker imports every task module (p2p.apps.tasks); the work itself (indexing: torch, the
+# models) is imported inside the tasks so that ingest and mining workers never load it.
+
+
 class EmbeddingTask(P2PTask):
     abstract = True
 

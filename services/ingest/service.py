@@ -12,10 +12,10 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from p2p.ingest.images import digest_stream, inspect_image
 from p2p.shared.db.base import new_id, utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
 from p2p.shared.errors import InvalidInput, ServiceUnavailable
+from p2p.shared.images import digest_stream, inspect_image
 from p2p.shared.licenses import license_group, normalize_license
 from p2p.shared.queue import MINE_FIGURE_TASK, TaskDispatcher, mining_queue
 from p2p.shared.schemas import ArticleIn, FigureMetadata
@@ -111,12 +111,7 @@ def ingest_figure(
         _dispatch(session, dispatcher, job)
         return IngestOutcome(figure=raced, job=job, duplicate=True)
     # A figure created in this transaction cannot have a job yet: no lookup, no savepoint.
-    job = MiningJob(
-        figure_id=figure.id,
-        backend=settings.mining.backend,
-        backend_version=settings.mining.backend_version,
-        status=JobStatus.QUEUED,
-    )
+    job = MiningJob(figure_id=figure.id, backend=settings.mining.backend, status=JobStatus.QUEUED)
     session.add(job)
     session.commit()
     _dispatch(session, dispatcher, job)
@@ -129,27 +124,32 @@ def _find_figure(session: Session, image_sha: str, caption_sha: str) -> Figure |
     ).first()
 
 
-def _find_job(session: Session, figure: Figure, backend: str, version: str) -> MiningJob | None:
+def _find_job(session: Session, figure: Figure, backend: str) -> MiningJob | None:
+    """The figure's job on ``backend`` whose rows stand (whatever miner version made them): an upload
+    of a figure mined before is a duplicate; re-mining with a newer miner is ``p2p mine --stale``."""
     return session.scalars(
-        select(MiningJob).where(
+        select(MiningJob)
+        .where(
             MiningJob.figure_id == figure.id,
             MiningJob.backend == backend,
-            MiningJob.backend_version == version,
+            MiningJob.superseded_by_id.is_(None),
         )
+        .order_by(MiningJob.created_at.desc())
     ).first()
 
 
 def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJob:
-    backend, version = settings.mining.backend, settings.mining.backend_version
-    job = _find_job(session, figure, backend, version)
+    backend = settings.mining.backend
+    job = _find_job(session, figure, backend)
     if job is not None:
         return job
-    job = MiningJob(figure_id=figure.id, backend=backend, backend_version=version, status=JobStatus.QUEUED)
+    # No miner version yet: the worker that mines it records its own.
+    job = MiningJob(figure_id=figure.id, backend=backend, status=JobStatus.QUEUED)
     try:
         with session.begin_nested():
             session.add(job)
     except IntegrityError:
-        raced = _find_job(session, figure, backend, version)
+        raced = _find_job(session, figure, backend)
         if raced is None:
             raise
         job = raced

@@ -14,13 +14,14 @@ COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "retries", "repair
 
 
 def aggregate_costs(session: Session, *, backend: str | None = None) -> list[dict[str, Any]]:
-    """One row per (backend, version): figures, totals, per-figure means and per-stage totals."""
-    query = select(MiningJob.backend, MiningJob.backend_version, MiningJob.cost).where(
+    """One row per (backend, miner version): figures, totals, per-figure means and per-stage totals
+    (superseded jobs included: what was spent stays spent)."""
+    query = select(MiningJob.backend, MiningJob.miner_version, MiningJob.cost).where(
         MiningJob.status == JobStatus.SUCCEEDED
     )
     if backend is not None:
         query = query.where(MiningJob.backend == backend)
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, str | None], dict[str, Any]] = {}
     for name, version, cost in session.execute(query):
         fresh: dict[str, Any] = {
             "backend": name,
@@ -52,4 +53,4 @@ def aggregate_costs(session: Session, *, backend: str | None = None) -> list[dic
         }
         row["per_figure"]["seconds"] = round(row["seconds"] / figures, 3)
         out.append(row)
-    return sorted(out, key=lambda r: (r["backend"], r["version"]))
+    return sorted(out, key=lambda r: (r["backend"], r["version"] or ""))

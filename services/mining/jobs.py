@@ -1,8 +1,10 @@
 """Run one mining job: lock it, mine the figure, replace its panels and regions, record the outcome.
 
-Idempotency is explicit: a job is unique per (figure, backend, version); a PostgreSQL advisory
+Idempotency is explicit: a job is unique per (figure, backend, miner version); a PostgreSQL advisory
 lock keeps two deliveries of it from running at once; a finished job is not mined again; and a
-re-run replaces the job's rows in one transaction, never adding to them.
+re-run replaces the job's rows in one transaction, never adding to them. A job of a newer miner
+(``p2p mine --stale``) replaces the rows of the figure's older job in that same transaction, so the
+old results stand until the new ones are complete.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
 
 from p2p.mining.miner import Miner
 from p2p.mining.types import MiningResult
@@ -96,11 +99,17 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Miner, fallback: Mi
             return JobOutcome(job_id, job.status, skipped="already mined")
         figure = session.get(Figure, job.figure_id)
         assert figure is not None
+        target = job.miner_version
+        if target is not None and target != miner.version:
+            session.rollback()
+            mark_failed(runtime, job_id, _wrong_version(target, miner.version))
+            return JobOutcome(job_id, JobStatus.FAILED)
         job.status = JobStatus.RUNNING
         job.attempts += 1
         job.started_at = utcnow()
         job.error = None
-        figure.status = FigureStatus.MINING
+        if figure.status is not FigureStatus.MINED:  # a re-mine: the old results stand meanwhile
+            figure.status = FigureStatus.MINING
         session.commit()
         object_key, caption, figure_id = figure.object_key, figure.caption, figure.id
         article = session.get(Article, figure.article_id) if figure.article_id else None
@@ -117,7 +126,7 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Miner, fallback: Mi
         try:
             result = miner.mine(image, caption, context=context)
         except LvlmUnavailable as exc:
-            if fallback is None:
+            if fallback is None or target not in (None, fallback.version):
                 _requeue(runtime, job_id, f"model server unavailable: {exc}")
                 raise
             miner = fallback
@@ -131,21 +140,15 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Miner, fallback: Mi
     result.stage_seconds["crops"] = time.perf_counter() - with_crops
     total = time.perf_counter() - started
     params = miner.params.as_dict()
-    provenance: dict[str, Any] = {
-        "backend": miner.backend,
-        "version": miner.version,
-        "params": params,
-        "job_id": str(job_id),
-        **{k: v for k, v in result.provenance.items() if k not in ("backend", "prompts")},
-    }
-    if miner.prompt_version:
-        provenance["prompt_version"] = miner.prompt_version
+    provenance = _provenance(miner, params, job_id, result)
 
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
         figure = session.get(Figure, figure_id)
         assert job is not None and figure is not None
         session.execute(delete(Panel).where(Panel.mining_job_id == job_id))
+        _supersede(session, job)
+        job.miner_version = miner.version
         panel_rows = []
         for index, (panel, crop_key) in enumerate(zip(result.panels, panel_keys, strict=True)):
             row = Panel(
@@ -212,6 +215,49 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Miner, fallback: Mi
     )
 
 
+def _provenance(
+    miner: Any, params: dict[str, Any], job_id: uuid.UUID, result: MiningResult
+) -> dict[str, Any]:
+    """What every panel and region of the job records about the miner that made it."""
+    provenance: dict[str, Any] = {
+        "backend": miner.backend,
+        "miner_version": miner.version,
+        "params": params,
+        "job_id": str(job_id),
+        **{k: v for k, v in result.provenance.items() if k not in ("backend", "prompts")},
+    }
+    if miner.prompt_version:
+        provenance["prompt_version"] = miner.prompt_version
+    return provenance
+
+
+def _wrong_version(wanted: str, running: str) -> str:
+    return (
+        f"the job asks for miner {wanted}, this worker runs {running}: "
+        "run `p2p mine --stale` again once every worker runs one version"
+    )
+
+
+def _supersede(session: Session, job: MiningJob) -> None:
+    """The figure's other standing jobs on this backend lose their rows to ``job`` (same transaction)."""
+    older = list(
+        session.scalars(
+            select(MiningJob).where(
+                MiningJob.figure_id == job.figure_id,
+                MiningJob.backend == job.backend,
+                MiningJob.id != job.id,
+                MiningJob.status == JobStatus.SUCCEEDED,
+                MiningJob.superseded_by_id.is_(None),
+            )
+        )
+    )
+    if older:
+        session.execute(delete(Panel).where(Panel.mining_job_id.in_([o.id for o in older])))
+        for old in older:
+            old.superseded_by_id = job.id
+    job.superseded_by_id = None  # a version brought back (a rollback) stands again
+
+
 def _requeue(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:
     """Back to "queued" while the task waits to retry: never left "running"."""
     with runtime.session() as session:
@@ -221,7 +267,7 @@ def _requeue(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:
         job.status = JobStatus.QUEUED
         job.error = reason[:2000]
         figure = session.get(Figure, job.figure_id)
-        if figure is not None:
+        if figure is not None and figure.status is not FigureStatus.MINED:
             figure.status = FigureStatus.QUEUED
         session.commit()
 
@@ -235,7 +281,7 @@ def mark_failed(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:
         job.error = reason[:2000]
         job.finished_at = utcnow()
         figure = session.get(Figure, job.figure_id)
-        if figure is not None:
+        if figure is not None and figure.status is not FigureStatus.MINED:  # older results still stand
             figure.status = FigureStatus.FAILED
         session.commit()
 

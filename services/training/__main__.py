@@ -18,7 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from p2p.shared.storage import ObjectStore
+from p2p.shared.runtime import build_store
+from p2p.shared.settings import Settings
+from p2p.shared.storage import LocalObjectStore, ObjectStore
+from p2p.training.trainer_process import die_with_parent
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,12 +45,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _store(path: Path | None) -> ObjectStore:
-    from p2p.shared.storage import LocalObjectStore
-
     if path is not None:
         return LocalObjectStore(path)
-    from p2p.shared.runtime import build_store
-    from p2p.shared.settings import Settings
 
     return build_store(Settings())
 
@@ -98,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    from p2p.training.trainer_process import die_with_parent
 
     die_with_parent()
 

@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from p2p.models.modeling import ModelSpec, load_model
 from p2p.shared.storage import ObjectStore
 from p2p.training import evaluate
 from p2p.training.dataset import iter_samples
 from p2p.training.presets import merge, resolve
+from p2p.training.runner import run_training
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "panel-only": {"levels": "panel"},
@@ -51,8 +53,6 @@ def run_ablations(
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Train every (variant, seed), evaluate each and the untrained model; one row per run."""
-    from p2p.embedding_api.modeling import ModelSpec, load_model
-    from p2p.training.runner import run_training
 
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from p2p.models.modeling import save_checkpoint as save_embedding_checkpoint
 from p2p.shared.storage import ObjectNotFound, ObjectStore, put_bytes, put_file
 from p2p.training.config import TrainConfig
 
@@ -295,7 +296,6 @@ def load_model_state(model: torch.nn.Module, state: TrainState) -> None:
 
 def export_final_model(store: ObjectStore, prefix: str, clip: torch.nn.Module, config: TrainConfig) -> str:
     """The CLIP weights as an embedding-API checkpoint (``modeling.save_checkpoint``), ``final-model.pt``."""
-    from p2p.embedding_api.modeling import save_checkpoint as save_embedding_checkpoint
 
     key = final_model_key(prefix)
     with tempfile.TemporaryDirectory(prefix="p2p-final-") as tmp:

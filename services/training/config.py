@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-if TYPE_CHECKING:  # pragma: no cover
-    from p2p.embedding_api.modeling import ModelSpec
+from p2p.models.modeling import ModelSpec, default_config
 
 Level = Literal["figure", "panel", "region"]
 LEVEL_ORDER: tuple[Level, ...] = ("region", "panel", "figure")  # the alternating cycle R -> P -> M
@@ -35,7 +34,7 @@ class _Strict(BaseModel):
 
 
 class ModelSection(_Strict):
-    """The open_clip model to start from (see ``p2p.embedding_api.modeling.ModelSpec``)."""
+    """The open_clip model to start from (see ``p2p.models.modeling.ModelSpec``)."""
 
     name: str = "p2p-minilm-vit"
     architecture: str = "custom"
@@ -43,8 +42,6 @@ class ModelSection(_Strict):
     source: str = "random"
 
     def to_spec(self) -> ModelSpec:
-        from p2p.embedding_api.modeling import ModelSpec, default_config
-
         config = self.config
         if config is None and self.architecture == "custom":
             config = default_config()

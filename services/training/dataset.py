@@ -21,8 +21,8 @@ from typing import Any
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
-from p2p.ingest.sources.webdataset import TrackingTarInfo, header_damage, split_member_name
 from p2p.shared.storage import ObjectNotFound, ObjectStore
+from p2p.shared.tarstream import TrackingTarInfo, header_damage, split_member_name
 
 Box = tuple[float, float, float, float]
 _READ_ERRORS = (tarfile.TarError, EOFError, OSError)

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from p2p.embedding_api.taxonomy import zero_shot
+from p2p.models.modeling import load_model
+from p2p.models.taxonomy import zero_shot
 from p2p.training.dataset import FigureRecord
 
 DEFAULT_KS: tuple[int, ...] = (1, 5, 10)
@@ -102,7 +103,7 @@ def collect(records: Iterable[FigureRecord], *, max_items: int | None = None) ->
 def _normalised(vectors: np.ndarray) -> np.ndarray:
     array = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(array, axis=1, keepdims=True)
-    return array / np.maximum(norms, 1e-12)
+    return np.asarray(array / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
 def image_to_text_ranks(images: np.ndarray, texts: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -226,19 +227,14 @@ def compare_models(
 ) -> list[dict[str, Any]]:
     """Evaluate several models on the same items; one row per model (``model``, ``report`` and the
     flattened metrics). A value of ``models`` is an encoder, or a spec that ``loader`` turns into
-    one (default: :func:`p2p.embedding_api.modeling.load_model`); models are loaded one at a time."""
+    one (default: :func:`p2p.models.modeling.load_model`); models are loaded one at a time."""
     data = collect(records, max_items=max_items)
     rows: list[dict[str, Any]] = []
     for name, value in models.items():
         if hasattr(value, "encode_images") and hasattr(value, "encode_texts"):
             encoder: Encoder = value
         else:
-            if loader is None:
-                from p2p.embedding_api.modeling import load_model
-
-                encoder = load_model(value)
-            else:
-                encoder = loader(value)
+            encoder = load_model(value) if loader is None else loader(value)
         report = evaluate_set(encoder, data, ks=ks)
         del encoder
         rows.append({"model": name, **flatten(report), "report": report})

@@ -28,11 +28,12 @@ import torch
 from torch import nn
 from torchvision.ops import roi_align
 
-from p2p.embedding_api.modeling import ModelSpec, load_model, masked_pad_id, trim_padding
+from p2p.models.modeling import ModelSpec, load_model, masked_pad_id, trim_padding
 from p2p.shared.storage import ObjectStore
 from p2p.training import losses as L
 from p2p.training.batch import HierBatch
 from p2p.training.config import TrainConfig
+from p2p.training.optim import apply_freezing
 
 StepLevel = Literal["figure", "panel", "region", "mixed", "flat"]
 STEP_LEVELS: tuple[str, ...] = ("figure", "panel", "region", "mixed", "flat")
@@ -71,7 +72,7 @@ def roi_pool_tokens(
     pooled = roi_align(
         token_map.float(), rois, output_size=output_size, spatial_scale=1.0, sampling_ratio=2, aligned=True
     )
-    return pooled.mean(dim=(2, 3))
+    return cast(torch.Tensor, pooled.mean(dim=(2, 3)))  # roi_align is untyped
 
 
 class RoiHead(nn.Module):
@@ -192,7 +193,7 @@ class HierarchicalCLIP(nn.Module):
                 pad_id = masked_pad_id(clip)
                 lengths = (tokens != pad_id).sum(dim=-1) if pad_id is not None else torch.zeros(len(new))
                 order = torch.argsort(lengths, stable=True)
-                for chunk in order.split(TEXT_ENCODE_CHUNK):
+                for chunk in torch.split(order, TEXT_ENCODE_CHUNK):
                     vectors = clip.encode_text(trim_padding(clip, tokens[chunk]))
                     for index, vector in zip(chunk.tolist(), vectors, strict=True):
                         self._text_cache[new[index]] = vector.clone()
@@ -343,7 +344,6 @@ def build_model(
 ) -> HierarchicalCLIP:
     """Load the open_clip model of ``spec`` (default: the config's; ``s3:`` weights from ``store``),
     wrap it and apply the freezing."""
-    from p2p.training.optim import apply_freezing
 
     torch.manual_seed(cfg.seed)
     embedding = load_model(spec or cfg.model.to_spec(), store=store)

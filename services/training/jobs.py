@@ -22,11 +22,18 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
+from p2p.models.modeling import ModelSpec, load_model
+from p2p.models.registry import activate, register
 from p2p.shared.db.base import utcnow
 from p2p.shared.db.models import ModelVersion, TrainingRun, TrainingRunStatus
 from p2p.shared.runtime import Runtime
-from p2p.training.dataset import DatasetError
+from p2p.training import evaluate
+from p2p.training.config import load_config
+from p2p.training.dataset import DatasetError, iter_samples, read_manifest, split_figures
+from p2p.training.export import ExportFilters, export_corpus
+from p2p.training.runner import check_data
 from p2p.training.schemas import RunData, RunOptions
+from p2p.training.trainer_process import TrainerProcess
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +156,6 @@ def _execute(runtime: Runtime, handle: _Run) -> TrainingRunStatus:
 
 
 def _export(runtime: Runtime, handle: _Run, run: TrainingRun) -> str:
-    from p2p.training.export import ExportFilters, export_corpus
-
     data = RunData.model_validate(run.data)
     handle.update(status=TrainingRunStatus.EXPORTING)
     prefix = f"{run.out_prefix}/data"
@@ -174,10 +179,6 @@ def _export(runtime: Runtime, handle: _Run, run: TrainingRun) -> str:
 
 
 def _check_data(runtime: Runtime, snapshot_prefix: str, run: TrainingRun) -> None:
-    from p2p.training.config import load_config
-    from p2p.training.dataset import read_manifest
-    from p2p.training.runner import check_data
-
     check_data(read_manifest(runtime.store, snapshot_prefix), "train", load_config(run.config))
 
 
@@ -198,7 +199,6 @@ def _progress_values(event: dict[str, Any], restarts: int, pid: int | None) -> d
 def _train(
     runtime: Runtime, handle: _Run, run: TrainingRun, snapshot_prefix: str, options: RunOptions
 ) -> TrainingRunStatus:
-    from p2p.training.trainer_process import TrainerProcess
 
     handle.update(status=TrainingRunStatus.TRAINING)
     restarts = int(run.progress.get("restarts", 0))
@@ -299,11 +299,6 @@ def _train(
 
 
 def _evaluate_and_register(runtime: Runtime, handle: _Run, options: RunOptions) -> uuid.UUID | None:
-    from p2p.embedding_api.modeling import ModelSpec, load_model
-    from p2p.training import evaluate
-    from p2p.training.config import load_config
-    from p2p.training.dataset import iter_samples, split_figures
-
     run = handle.load()
     assert run.final_model is not None and run.snapshot_prefix is not None
     config = load_config(run.config)
@@ -344,7 +339,6 @@ def _improved(trained: dict[str, Any], untrained: dict[str, Any]) -> dict[str, b
 def _register(
     runtime: Runtime, run: TrainingRun, spec: Any, metrics: dict[str, Any], options: RunOptions
 ) -> uuid.UUID:
-    from p2p.embedding_api.indexing import activate, register
 
     version_label = options.model_version or f"run-{run.id.hex[:8]}"
     with runtime.session() as session:

@@ -20,7 +20,10 @@ from p2p.shared.queue import TRAIN_RUN_TASK, TRAINING_QUEUE, TaskDispatcher
 from p2p.shared.storage import ObjectStore
 from p2p.training.checkpoints import config_dict
 from p2p.training.config import TrainConfig, TrainConfigError
+from p2p.training.dataset import DatasetError, read_manifest
+from p2p.training.export import ExportError, ExportFilters
 from p2p.training.presets import resolve
+from p2p.training.runner import check_data
 from p2p.training.schemas import TrainingRunCreate
 
 RUNS_PREFIX = "training-runs"
@@ -43,8 +46,6 @@ def _config(body: TrainingRunCreate) -> TrainConfig:
 
 
 def _check_export_filters(body: TrainingRunCreate) -> None:
-    from p2p.training.export import ExportError, ExportFilters
-
     try:
         ExportFilters(
             license_groups=tuple(body.data.license_groups) if body.data.license_groups is not None else None,
@@ -56,9 +57,6 @@ def _check_export_filters(body: TrainingRunCreate) -> None:
 
 
 def _check_snapshot(store: ObjectStore, prefix: str, config: TrainConfig) -> dict[str, Any]:
-    from p2p.training.dataset import DatasetError, read_manifest
-    from p2p.training.runner import check_data
-
     try:
         manifest = read_manifest(store, prefix)
         check_data(manifest, "train", config)

@@ -69,7 +69,7 @@ def train_step(
         scaler.scale(total).backward()
         scaler.unscale_(optimizer)
     else:
-        total.backward()
+        total.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     if cfg.grad_clip_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip_norm, error_if_nonfinite=False)
     else:

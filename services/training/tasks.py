@@ -13,6 +13,9 @@ log = logging.getLogger(__name__)
 INTERRUPTED_RETRY_S = 10
 
 
+# Lazy, as in the other task modules: every worker imports this one, only training workers run it.
+
+
 class TrainingTask(P2PTask):
     abstract = True
 

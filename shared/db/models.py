@@ -142,19 +142,38 @@ class Figure(TimestampMixin, Base):
     )
     jobs: Mapped[list[MiningJob]] = relationship(back_populates="figure", cascade="all, delete-orphan")
 
+    @property
+    def miner_version(self) -> str | None:
+        """The version of the miner whose panels the figure shows; None until it is mined."""
+        current = [j for j in self.jobs if j.status is JobStatus.SUCCEEDED and j.superseded_by_id is None]
+        latest = max(current, key=lambda j: (j.finished_at is not None, j.finished_at), default=None)
+        return latest.miner_version if latest is not None else None
+
 
 class MiningJob(TimestampMixin, Base):
     __tablename__ = "mining_job"
     __table_args__ = (
-        # One job per figure and backend version: a re-run replaces, never duplicates.
-        UniqueConstraint("figure_id", "backend", "backend_version", name="uq_mining_job_figure_backend"),
+        # One job per figure, backend and miner version (NULL, a job no miner took yet, counts as
+        # one value): a re-run replaces its rows, never duplicates them; a newer miner gets a new job.
+        UniqueConstraint(
+            "figure_id",
+            "backend",
+            "miner_version",
+            name="uq_mining_job_figure_backend_version",
+            postgresql_nulls_not_distinct=True,
+        ),
         CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     figure_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("figure.id", ondelete="CASCADE"), nullable=False)
     backend: Mapped[str] = mapped_column(String(32), nullable=False)
-    backend_version: Mapped[str] = mapped_column(String(64), nullable=False)
+    # The version of the miner that produced the job's rows (``Miner.version``); a re-mine asks for one.
+    miner_version: Mapped[str | None] = mapped_column(String(128))
+    # Set when a newer miner's job replaced this one's panels and regions (the row stays: costs, history).
+    superseded_by_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("mining_job.id", ondelete="SET NULL")
+    )
     prompt_version: Mapped[str | None] = mapped_column(String(64))
     params: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
     status: Mapped[JobStatus] = mapped_column(

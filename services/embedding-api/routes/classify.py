@@ -13,6 +13,7 @@ from starlette.datastructures import UploadFile
 from p2p.embedding_api import service
 from p2p.embedding_api.deps import ModelStateDep, ReadPrincipal, RuntimeDep
 from p2p.embedding_api.schemas import ClassifyCreate, ClassifyPublic, LabelScore
+from p2p.models.taxonomy import FIGURE_TYPES, zero_shot
 from p2p.shared.errors import InvalidInput, UnsupportedMediaType
 
 router = APIRouter(prefix="/v1", tags=["classify"])
@@ -73,7 +74,6 @@ async def classify(
 ) -> ClassifyPublic:
     """Zero-shot probabilities of an uploaded image or a stored panel over ``labels`` (default: the
     figure-type taxonomy), most probable first."""
-    from p2p.embedding_api.taxonomy import FIGURE_TYPES, zero_shot
 
     upload, panel_id, raw_labels = await _parse(request)
     labels = service.check_labels(raw_labels, settings=runtime.settings, default=FIGURE_TYPES)

@@ -16,7 +16,10 @@ from p2p.embedding_api.deps import (
     RuntimeDep,
     SessionDep,
 )
+from p2p.embedding_api.indexing import register
 from p2p.embedding_api.schemas import ActivateCreate, ModelCreate, ModelPublic
+from p2p.models.modeling import ModelSpec, default_spec
+from p2p.models.registry import activate
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.errors import InvalidInput, NotFound
 
@@ -77,8 +80,6 @@ async def register_model(
 ) -> ModelPublic:
     """Register a model version; its weights are loaded once, so a checkpoint that does not match its
     config (or a declared ``dim`` that differs) is refused now with the reason."""
-    from p2p.embedding_api.indexing import register
-    from p2p.embedding_api.modeling import ModelSpec, default_spec
 
     if body.name is None and body.architecture is None:
         base = default_spec()
@@ -109,7 +110,6 @@ async def activate_model(
 ) -> ModelPublic:
     """Start re-embedding the corpus with this version in the background (progress on the version);
     the space keeps serving its active version until the new one is complete."""
-    from p2p.embedding_api.indexing import activate
 
     space = (body.space if body is not None else None) or runtime.settings.embedding.space
     version = await run_in_threadpool(

@@ -81,7 +81,8 @@
     const figure = await request("GET", "/v1/figures/" + encodeURIComponent(figureId));
     document.title = "Panel2Patch · " + (figure.figure_label || "figure");
     document.getElementById("figure-title").textContent =
-      (figure.figure_label || "Figure") + " · " + figure.width + "×" + figure.height + " · " + figure.status;
+      (figure.figure_label || "Figure") + " · " + figure.width + "×" + figure.height + " · " + figure.status +
+      (figure.miner_version ? " · mined by " + figure.miner_version : "");
     const overlay = document.getElementById("overlay");
     overlay.setAttribute("viewBox", "0 0 " + figure.width + " " + figure.height);
     await setImage(document.getElementById("figure-image"), figure.image_url);

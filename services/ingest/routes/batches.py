@@ -8,9 +8,9 @@ from fastapi.concurrency import run_in_threadpool
 
 from p2p.ingest import batches as batch_service
 from p2p.ingest.deps import IngestPrincipal, ReadPrincipal, RuntimeDep, SessionDep
-from p2p.ingest.images import digest_stream
 from p2p.shared.db.models import Batch, BatchKind
 from p2p.shared.errors import InvalidInput
+from p2p.shared.images import digest_stream
 from p2p.shared.schemas import BatchCreate, BatchItemPublic, BatchPublic
 from p2p.shared.storage import validate_key
 

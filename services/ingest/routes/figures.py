@@ -100,6 +100,7 @@ def get_figure(figure_id: uuid.UUID, session: SessionDep, _: ReadPrincipal) -> F
         .where(Figure.id == figure_id)
         .options(
             selectinload(Figure.article),
+            selectinload(Figure.jobs),
             selectinload(Figure.panels).selectinload(Panel.regions),
         )
     ).first()
@@ -117,7 +118,9 @@ def list_figures(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[Figure]:
     query = select(Figure).options(
-        selectinload(Figure.article), selectinload(Figure.panels).selectinload(Panel.regions)
+        selectinload(Figure.article),
+        selectinload(Figure.jobs),
+        selectinload(Figure.panels).selectinload(Panel.regions),
     )
     if status_ is not None:
         query = query.where(Figure.status == status_)

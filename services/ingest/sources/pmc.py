@@ -24,9 +24,9 @@ from pydantic import ValidationError
 
 from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
 from p2p.ingest.sources.manifest import article_from_fields, validation_message
-from p2p.ingest.sources.webdataset import TrackingTarInfo, header_damage
 from p2p.shared.licenses import normalize_license
 from p2p.shared.schemas import ArticleIn, FigureMetadata
+from p2p.shared.tarstream import TrackingTarInfo, header_damage
 
 _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
 

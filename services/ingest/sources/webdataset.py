@@ -16,13 +16,14 @@ import tarfile
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Self
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
 from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
 from p2p.ingest.sources.manifest import article_from_fields, validation_error_type, validation_message
 from p2p.shared.schemas import FigureMetadata
+from p2p.shared.tarstream import TrackingTarInfo, header_damage, split_member_name
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "tif", "tiff", "webp", "gif", "bmp"})
 MAX_TEXT_BYTES = 8 * 1024 * 1024  # a caption or json member larger than this is not metadata
@@ -40,40 +41,6 @@ class _Sample:
     text: bytes | None = None
     json_raw: bytes | None = None
     problems: list[tuple[str, str]] = field(default_factory=list)
-
-
-class TrackingTarInfo(tarfile.TarInfo):
-    """Remembers why tarfile stopped reading headers.
-
-    tarfile ends iteration silently when a header after the first is cut short or garbled, which
-    would make a truncated download look like a complete archive; ``header_damage`` tells them apart.
-    """
-
-    @classmethod
-    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Self:
-        try:
-            return super().fromtarfile(tarfile_)
-        except tarfile.HeaderError as exc:
-            tarfile_._p2p_header_error = exc  # type: ignore[attr-defined]
-            raise
-
-
-def header_damage(tar: tarfile.TarFile) -> str | None:
-    """Why reading stopped, when it stopped at a damaged header rather than the end-of-archive marker."""
-    error = getattr(tar, "_p2p_header_error", None)
-    if error is not None and type(error).__name__ in ("TruncatedHeaderError", "InvalidHeaderError"):
-        return str(error) or type(error).__name__
-    return None
-
-
-def split_member_name(name: str) -> tuple[str, str] | None:
-    """(sample key, extension) of a member path, or None when it has no key or no extension."""
-    directory, basename = posixpath.split(name)
-    if basename.startswith(".") or "." not in basename:
-        return None
-    stem, extension = basename.split(".", 1)
-    key = f"{directory}/{stem}" if directory else stem
-    return key, extension.lower()
 
 
 def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:

@@ -1,4 +1,4 @@
-"""Entry point of Celery worker processes: `celery -A p2p.shared.worker:celery_app worker -Q <queue>`.
+"""Entry point of Celery worker processes: `celery -A p2p.apps.worker:celery_app worker -Q <queue>`.
 
 Settings are read and validated here, once, when the worker starts.
 """
@@ -10,6 +10,8 @@ from typing import Any
 
 from celery.signals import celeryd_after_setup
 
+from p2p.apps.tasks import register_tasks
+from p2p.mining.tasks import get_miner, prepare_worker_process
 from p2p.shared.queue import (
     MINING_LVLM_QUEUE,
     MINING_QUEUE,
@@ -20,6 +22,7 @@ from p2p.shared.queue import (
 from p2p.shared.settings import get_settings
 
 configure_celery(get_settings())
+register_tasks()
 import_task_modules()
 
 
@@ -28,8 +31,6 @@ def _preload_models(sender: str, instance: Any, **_: Any) -> None:
     # A mining worker loads its models before it takes the first figure; an LVLM worker also
     # checks the model server (it starts anyway when the server is not up yet: each task checks).
     queues = set(instance.app.amqp.queues.consume_from or {})
-    from p2p.mining.tasks import get_miner, prepare_worker_process
-
     if MINING_QUEUE in queues or MINING_LVLM_QUEUE in queues:
         prepare_worker_process(get_settings())
     if MINING_LVLM_QUEUE in queues:

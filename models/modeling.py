@@ -201,10 +201,10 @@ def effective_config(spec: ModelSpec) -> dict[str, Any]:
                 f"model {spec.name!r}: the config must be an open_clip model config with embed_dim, "
                 "vision_cfg and text_cfg"
             )
-        return _normalise(spec.config)
+        return cast(dict[str, Any], _normalise(spec.config))
     if spec.architecture == "custom":
         raise ModelLoadError(f"model {spec.name!r}: architecture 'custom' needs a config")
-    return _normalise(_builtin_config(spec.architecture))
+    return cast(dict[str, Any], _normalise(_builtin_config(spec.architecture)))
 
 
 def model_dim(spec: ModelSpec) -> int:
@@ -399,7 +399,7 @@ def _eval_transform(model: torch.nn.Module) -> Callable[[Image.Image], torch.Ten
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
     cfg = PreprocessCfg(**cast(Any, model).visual.preprocess_cfg)
-    return image_transform_v2(cfg, is_train=False)
+    return cast(Callable[[Image.Image], torch.Tensor], image_transform_v2(cfg, is_train=False))
 
 
 def train_transform(model: EmbeddingModel, aug_cfg: Mapping[str, Any] | None = None) -> Any:

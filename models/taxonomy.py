@@ -84,13 +84,13 @@ def label_embeddings(
     vectors = np.asarray(model.encode_texts(prompts), dtype=np.float32)
     vectors = vectors.reshape(len(labels), len(templates), -1).mean(axis=1)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    return np.asarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=1, keepdims=True)
     exp = np.exp(shifted)
-    return (exp / exp.sum(axis=1, keepdims=True)).astype(np.float32)
+    return np.asarray(exp / exp.sum(axis=1, keepdims=True), dtype=np.float32)
 
 
 def zero_shot(

@@ -1,0 +1,33 @@
+"""The HTTP processes: each app's routers, from whichever services it serves, listed in one place."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from p2p.apps.tasks import register_tasks
+from p2p.embedding_api import app as embedding_app_module
+from p2p.ingest import app as ingest_app_module
+from p2p.shared.runtime import Runtime
+from p2p.shared.settings import Settings
+from p2p.training import routes as training_routes
+
+# Training runs end in a model version of the embedding API, so the embedding process answers
+# them beside /v1/models; the training service itself runs on the training queue only.
+EMBEDDING_ROUTERS = (*embedding_app_module.ROUTERS, training_routes.router)
+
+
+def ingest_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
+    register_tasks()
+    return ingest_app_module.create_app(settings, runtime)
+
+
+def embedding_app(
+    settings: Settings | None = None,
+    runtime: Runtime | None = None,
+    *,
+    refresh_interval_s: float = embedding_app_module.REFRESH_INTERVAL_S,
+) -> FastAPI:
+    register_tasks()
+    return embedding_app_module.create_app(
+        settings, runtime, refresh_interval_s=refresh_interval_s, routers=EMBEDDING_ROUTERS
+    )

@@ -1,0 +1,108 @@
+"""`p2p mine --stale`: re-mine, through the mining queue, the figures an older miner version produced."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from p2p.cli.common import open_runtime, settings_or_exit
+from p2p.mining import remine
+from p2p.shared.db.models import JobStatus
+from p2p.shared.runtime import Runtime
+
+out = Console()
+err = Console(stderr=True)
+POLL_S = 0.5
+
+
+def current_version(backend: str) -> str:
+    """The version of the miner this installation runs for ``backend`` (what its workers run)."""
+    # Lazy: building a miner loads its models (torch, weights), which only this command needs.
+    from p2p.mining.tasks import get_miner
+
+    return str(get_miner(backend).version)
+
+
+def mine(
+    stale: Annotated[
+        bool, typer.Option("--stale", help="Re-mine the figures whose results an older miner version made.")
+    ] = False,
+    backend: Annotated[str | None, typer.Option(help="Mining backend (default: the configured one).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count the stale figures.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before queueing.")] = False,
+    limit: Annotated[int | None, typer.Option(min=1, help="Re-mine at most this many figures.")] = None,
+    wait: Annotated[bool, typer.Option(help="Follow the jobs with a progress bar until they finish.")] = True,
+) -> None:
+    """Re-mine what an older miner produced: counts first, then queues one job per figure on the mining
+    queue. Each figure keeps its results until its new ones are complete (then they replace them in
+    one transaction); a re-mine that fails leaves the old ones. Ctrl-C stops watching, not the jobs."""
+    if not stale:
+        err.print("[red]say what to re-mine: --stale (figures an older miner version produced)[/red]")
+        raise typer.Exit(2)
+    settings = settings_or_exit()
+    backend = backend or settings.mining.backend
+    if backend not in ("cpu", "lvlm"):
+        err.print(f"[red]unknown backend {backend!r}: cpu or lvlm[/red]")
+        raise typer.Exit(2)
+    version = current_version(backend)
+    runtime = open_runtime(settings)
+    try:
+        with runtime.session() as session:
+            counts = remine.count_stale(session, backend=backend, version=version)
+        total = min(sum(counts.values()), limit) if limit is not None else sum(counts.values())
+        _print_counts(counts, backend, version)
+        if dry_run or total == 0:
+            return
+        if not yes:
+            typer.confirm(f"re-mine {total} figures with {backend} {version}?", abort=True)
+        queued = remine.queue_remine(runtime, backend=backend, version=version, limit=limit)
+        out.print(f"queued {len(queued.job_ids)} mining jobs of {backend} {version}")
+        if queued.not_sent:
+            out.print(f"[yellow]{queued.not_sent} jobs wait in the database: no worker here takes them")
+        if wait:
+            _follow(runtime, queued.job_ids)
+    finally:
+        runtime.close()
+
+
+def _print_counts(counts: dict[str | None, int], backend: str, version: str) -> None:
+    if not counts:
+        out.print(f"every figure mined on {backend} is at {version}: nothing to re-mine")
+        return
+    table = Table(title=f"stale figures on {backend} (current version {version})")
+    table.add_column("mined by")
+    table.add_column("figures", justify="right")
+    for old, n in sorted(counts.items(), key=lambda item: item[0] or ""):
+        table.add_row(old or "(no version recorded)", str(n))
+    out.print(table)
+
+
+def _follow(runtime: Runtime, ids: list[uuid.UUID]) -> None:
+    with Progress(
+        TextColumn("re-mining"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+        console=err,
+    ) as bar:
+        task = bar.add_task("re-mine", total=len(ids), failed=0)
+        while True:
+            with runtime.session() as session:
+                counts = remine.progress(session, ids)
+            done = counts[JobStatus.SUCCEEDED] + counts[JobStatus.FAILED]
+            bar.update(task, completed=done, failed=counts[JobStatus.FAILED])
+            if done >= len(ids):
+                break
+            time.sleep(POLL_S)
+    if counts[JobStatus.FAILED]:
+        err.print(
+            f"[yellow]{counts[JobStatus.FAILED]} re-mines failed; those figures keep their older results "
+            "(`GET /v1/jobs/{id}` says why)[/yellow]"
+        )
