@@ -82,9 +82,8 @@ from p2p.mining.cpu.markers.net import (
     MarkerNet,
     encode_targets,
     save_weights,
-    to_input,
 )
-from p2p.mining.cpu.nets import ALIGN
+from p2p.mining.cpu.nets import ALIGN, to_input
 
 TRAIN_SEEDS = range(100000, 200000)
 # The fusion model's trees (on ~55,000 candidates of 1600 figures, held-out AUC 0.953 with 200

@@ -61,6 +61,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from p2p.mining.cpu.imaging import ink_mask
 from p2p.mining.cpu.segmentation import seam_net, segment
 from p2p.mining.cpu.segmentation.seams import (
     CUT_FEATURES,
@@ -75,7 +76,7 @@ from p2p.mining.cpu.segmentation.seams import (
     split_boxes,
     top_seam,
 )
-from p2p.mining.cpu.segmentation.segment import ink_mask, segment_figure
+from p2p.mining.cpu.segmentation.segment import segment_figure
 from p2p.mining.lab.eval_panels import load_image
 from p2p.mining.params import load_params
 from p2p.shared import geometry
