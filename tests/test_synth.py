@@ -15,10 +15,10 @@ import typer
 from PIL import Image
 from typer.testing import CliRunner
 
-from p2p.mining.synth import generate_figure, load_annotations, write_dataset
-from p2p.mining.synth.cli import synth_command
-from p2p.mining.synth.labels import LABEL_STYLES
-from p2p.mining.synth.util import scale_inclusive
+from p2p.mining.lab.synth import generate_figure, load_annotations, write_dataset
+from p2p.mining.lab.synth.cli import synth_command
+from p2p.mining.lab.synth.labels import LABEL_STYLES
+from p2p.mining.lab.synth.util import scale_inclusive
 from p2p.mining.types import MARKER_KINDS, PANEL_TYPES
 
 SMALL = {"width": 480, "height": 360}
@@ -289,7 +289,7 @@ def test_caption_conventions_cover_the_real_forms(pool: list[tuple[Image.Image, 
 
 
 def test_last_fragment_keeps_its_notes_until_a_sentence_reads_as_shared() -> None:
-    from p2p.mining.synth.captions import _last_fragment_pieces
+    from p2p.mining.lab.synth.captions import _last_fragment_pieces
 
     head = "(D\u2013F) Confocal images."
     group = ["D", "E", "F"]
@@ -397,7 +397,7 @@ def test_write_dataset_is_byte_identical_by_seed(tmp_path: Path) -> None:
 
 def test_only_bare_letters_and_numbers_are_circled(pool: list[tuple[Image.Image, dict[str, Any]]]) -> None:
     """A circle drawn round "(viii)" or "4a." is nothing a paper prints (and a 60-px disc)."""
-    from p2p.mining.synth.figure import CIRCLED_STYLES
+    from p2p.mining.lab.synth.figure import CIRCLED_STYLES
 
     circled = {gt["synth"]["label_style"] for _, gt in pool if gt["synth"]["label_decoration"] == "circled"}
     assert circled and circled <= set(CIRCLED_STYLES)

@@ -93,7 +93,7 @@ def _synthetic_corpus(folder: Path, count: int) -> Path:
     import json
 
     from p2p.cli.main import console
-    from p2p.mining.synth.dataset import write_dataset
+    from p2p.mining.lab.synth.dataset import write_dataset
 
     manifest = folder / "manifest.jsonl"
     if manifest.is_file() and sum(1 for _ in manifest.open()) == count:

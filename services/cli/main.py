@@ -46,7 +46,7 @@ app.command("demo")(demo)
 
 
 def _register_synth() -> None:
-    from p2p.mining.synth.cli import synth_command
+    from p2p.mining.lab.synth.cli import synth_command
 
     app.command("synth")(synth_command)
 
@@ -463,14 +463,14 @@ def eval_mining(
         raise typer.Exit(2)
     report: dict[str, object] = {}
     if captions is not None:
-        from p2p.mining.eval_captions import evaluate_prostate
+        from p2p.mining.lab.eval_captions import evaluate_prostate
 
         report["captions"] = evaluate_prostate(captions)
         out.write_text(json_lib.dumps(report, indent=2))
         _print_json(report["captions"])
         return
     assert folder is not None
-    from p2p.mining.evaluate import cpu_miner, evaluate_folder, naive_reference
+    from p2p.mining.lab.evaluate import cpu_miner, evaluate_folder, naive_reference
 
     if not (folder / "annotations.json").is_file():
         console.print(f"[red]{folder} has no annotations.json[/red]")

@@ -22,6 +22,7 @@ from PIL import Image
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from p2p.mining.miner import Miner
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
 from p2p.shared import jobs as durable
@@ -59,7 +60,9 @@ def job_backend(runtime: Runtime, job_id: uuid.UUID) -> str | None:
         return session.scalar(select(MiningJob.backend).where(MiningJob.id == job_id))
 
 
-def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any = None) -> JobOutcome:
+def mine_job(
+    runtime: Runtime, job_id: uuid.UUID, miner: Miner, *, fallback: Miner | None = None
+) -> JobOutcome:
     """Mine one job with ``miner`` (a CpuMiner or an LvlmMiner).
 
     When the model server is unavailable the job goes back to "queued" and the error propagates
@@ -73,7 +76,7 @@ def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any =
         return _mine_locked(runtime, lease, miner, fallback)
 
 
-def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Any, fallback: Any) -> JobOutcome:
+def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Miner, fallback: Miner | None) -> JobOutcome:
     from p2p.mining.lvlm.client import LvlmUnavailable
     from p2p.mining.lvlm.prompts import FigureContext
 
