@@ -17,6 +17,7 @@ from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.eval_retrieval_cmd import eval_retrieval
 from p2p.cli.mine_cmd import mine
 from p2p.cli.models_cmd import models_app
+from p2p.cli.recover_cmd import recover
 from p2p.cli.train_cmd import train_app
 from p2p.mining import remine
 from p2p.shared.db.models import BatchKind
@@ -39,6 +40,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(train_app, name="train")
 eval_app.command("retrieval")(eval_retrieval)
 app.command("mine")(mine)
+app.command("recover")(recover)
 
 
 def _register_synth() -> None:
