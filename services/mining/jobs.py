@@ -201,7 +201,7 @@ def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Miner, fallback:
 
 
 def _provenance(
-    miner: Any, params: dict[str, Any], job_id: uuid.UUID, result: MiningResult
+    miner: Miner, params: dict[str, Any], job_id: uuid.UUID, result: MiningResult
 ) -> dict[str, Any]:
     """What every panel and region of the job records about the miner that made it."""
     provenance: dict[str, Any] = {
