@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import socket
 import struct
+import tempfile
 import time
 import uuid
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -228,13 +231,16 @@ def test_openapi_declares_the_errors_and_every_reference_resolves(
                 assert {"422", "429"} <= set(responses), (method, path)
 
 
-def test_the_embedded_postgres_is_restarted_when_it_dies(make_settings: Any, tmp_path: Any) -> None:
+def test_the_embedded_postgres_is_restarted_when_it_dies(make_settings: Any) -> None:
     import os
     import signal
 
     from p2p.shared.runtime import build_runtime
 
-    runtime = build_runtime(make_settings(db={"url": None}, data_dir=tmp_path / "own"))
+    # Not under pytest's temp root: other pytest runs prune it, and PostgreSQL runs as its own user.
+    folder = Path(tempfile.mkdtemp(prefix="p2p-pg-restart-"))
+    folder.chmod(0o755)
+    runtime = build_runtime(make_settings(db={"url": None}, data_dir=folder / "own"))
     try:
         assert runtime.embedded_pg is not None
         with TestClient(create_ingest_app(runtime=runtime)) as client:
@@ -254,6 +260,7 @@ def test_the_embedded_postgres_is_restarted_when_it_dies(make_settings: Any, tmp
             assert codes[-1] == 200 and 503 in codes, codes
     finally:
         runtime.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_figure_that_does_not_decode_ends_failed_with_its_reason_on_the_figure(

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -145,7 +146,17 @@ class Stack:
 
 
 @pytest.fixture
-def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Stack]]:
+def fault_dir() -> Iterator[Path]:
+    """Not under pytest's temp root: other pytest runs on the machine prune old roots, and the
+    embedded PostgreSQL runs as its own system user, which must reach its data folder."""
+    path = Path(tempfile.mkdtemp(prefix="p2p-faults-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def make_stack(fault_dir: Path) -> Iterator[Callable[..., Stack]]:
     built: list[Stack] = []
 
     def factory(
@@ -154,10 +165,10 @@ def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Calla
         env = {
             **os.environ,
             "P2P_PROFILE": "embedded",
-            "P2P_DATA_DIR": str(tmp_path / "data"),
+            "P2P_DATA_DIR": str(fault_dir / "data"),
             "P2P_DB__URL": db_url,
             "P2P_REDIS__URL": redis_url,
-            "P2P_INGEST__BATCH_ROOTS": json.dumps([str(tmp_path / "sources")]),
+            "P2P_INGEST__BATCH_ROOTS": json.dumps([str(fault_dir / "sources")]),
             "P2P_MINING__TORCH_THREADS": "1",
             **FAST_RECOVERY,
             **({"P2P_QUEUE__TIME_LIMITS_S": json.dumps(time_limits)} if time_limits else {}),
@@ -165,10 +176,10 @@ def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Calla
         env.pop("P2P_S3__ENDPOINT", None)
         settings = Settings(
             profile="embedded",
-            data_dir=tmp_path / "data",
+            data_dir=fault_dir / "data",
             db={"url": db_url},
             redis={"url": redis_url},
-            ingest={"batch_roots": [tmp_path / "sources"]},
+            ingest={"batch_roots": [fault_dir / "sources"]},
             queue={
                 "lease_s": 3,
                 "sweep_interval_s": 1,
@@ -179,7 +190,7 @@ def make_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Calla
         )
         runtime = build_runtime(settings)
         set_process_runtime(runtime)
-        stack = Stack(settings, runtime, env, tmp_path)
+        stack = Stack(settings, runtime, env, fault_dir)
         built.append(stack)
         return stack
 
@@ -257,9 +268,9 @@ def _running_jobs(engine: Engine) -> int:
 
 
 def test_a_mining_worker_killed_mid_batch_loses_and_duplicates_nothing(
-    db: Engine, pg_url: str, make_stack: Callable[..., Stack], tmp_path: Path
+    db: Engine, pg_url: str, make_stack: Callable[..., Stack], fault_dir: Path
 ) -> None:
-    redis = OwnRedis(tmp_path / "redis", persistent=False).start()
+    redis = OwnRedis(fault_dir / "redis", persistent=False).start()
     try:
         stack = make_stack(db_url=pg_url, redis_url=redis.url)
         victim = stack.worker("mining")
@@ -281,17 +292,17 @@ def test_a_mining_worker_killed_mid_batch_loses_and_duplicates_nothing(
 
 
 def test_an_ingest_worker_killed_mid_batch_finishes_its_batch_once(
-    db: Engine, pg_url: str, make_stack: Callable[..., Stack], tmp_path: Path
+    db: Engine, pg_url: str, make_stack: Callable[..., Stack], fault_dir: Path
 ) -> None:
-    redis = OwnRedis(tmp_path / "redis", persistent=False).start()
+    redis = OwnRedis(fault_dir / "redis", persistent=False).start()
     try:
         stack = make_stack(db_url=pg_url, redis_url=redis.url)
         count = 120
-        write_manifest_folder(tmp_path / "sources" / "big", count=count)
+        write_manifest_folder(fault_dir / "sources" / "big", count=count)
         victim = stack.worker("ingest")
         with stack.client() as client:
             response = client.post(
-                "/v1/batches", json={"kind": "manifest", "source": str(tmp_path / "sources/big")}
+                "/v1/batches", json={"kind": "manifest", "source": str(fault_dir / "sources/big")}
             )
             assert response.status_code == 202, response.text
             batch_id = uuid.UUID(response.json()["id"])
@@ -326,9 +337,9 @@ def test_an_ingest_worker_killed_mid_batch_finishes_its_batch_once(
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistence-on", "persistence-off"])
 def test_redis_killed_and_restarted_loses_no_job(
-    persistent: bool, db: Engine, pg_url: str, make_stack: Callable[..., Stack], tmp_path: Path
+    persistent: bool, db: Engine, pg_url: str, make_stack: Callable[..., Stack], fault_dir: Path
 ) -> None:
-    redis = OwnRedis(tmp_path / "redis", persistent=persistent).start()
+    redis = OwnRedis(fault_dir / "redis", persistent=persistent).start()
     try:
         stack = make_stack(db_url=pg_url, redis_url=redis.url)
         with stack.client() as client:
@@ -339,8 +350,8 @@ def test_redis_killed_and_restarted_loses_no_job(
             late = make_figure(14, panel_size=(120, 96))
             down = upload(client, late.image, caption=late.caption, filename=late.name)
             assert down.status_code == 503 and down.json()["error"]["type"] == "broker_unavailable"
-            write_manifest_folder(tmp_path / "sources" / "during", count=2, first_seed=21)
-            source = {"kind": "manifest", "source": str(tmp_path / "sources/during")}
+            write_manifest_folder(fault_dir / "sources" / "during", count=2, first_seed=21)
+            source = {"kind": "manifest", "source": str(fault_dir / "sources/during")}
             refused = client.post("/v1/batches", json=source)
             assert refused.status_code == 503, refused.text
             batch_location = refused.headers["location"]
@@ -374,13 +385,13 @@ def _stuck_free(engine: Engine) -> bool:
 
 
 def test_postgres_killed_and_restarted_mid_batch_loses_no_job(
-    make_stack: Callable[..., Stack], tmp_path: Path
+    make_stack: Callable[..., Stack], fault_dir: Path
 ) -> None:
-    pg = EmbeddedPostgres(tmp_path / "own-pg")
+    pg = EmbeddedPostgres(fault_dir / "own-pg")
     url = pg.start()
     migrate.upgrade(url)
     engine = make_engine(url)
-    redis = OwnRedis(tmp_path / "redis", persistent=False).start()
+    redis = OwnRedis(fault_dir / "redis", persistent=False).start()
     try:
         stack = make_stack(db_url=url, redis_url=redis.url)
         stack.worker("mining")
@@ -409,9 +420,9 @@ def test_postgres_killed_and_restarted_mid_batch_loses_no_job(
 
 
 def test_a_task_over_its_soft_time_limit_fails_with_the_reason(
-    db: Engine, pg_url: str, make_stack: Callable[..., Stack], tmp_path: Path
+    db: Engine, pg_url: str, make_stack: Callable[..., Stack], fault_dir: Path
 ) -> None:
-    redis = OwnRedis(tmp_path / "redis", persistent=False).start()
+    redis = OwnRedis(fault_dir / "redis", persistent=False).start()
     try:
         stack = make_stack(db_url=pg_url, redis_url=redis.url, time_limits={"mining": (1, 30)})
         stack.worker("mining")
