@@ -384,9 +384,9 @@ def serve_ingest(
     port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Serve the ingest API (OpenAPI docs at /docs)."""
-    from p2p.apps import api  # lazy: the apps load torch, which `p2p --help` should not wait for
+    from p2p.apps.ingest import ingest_app
 
-    _serve(api.ingest_app, host, port)
+    _serve(ingest_app, host, port)
 
 
 @serve_app.command("embedding-api")
@@ -395,9 +395,9 @@ def serve_embedding_api(
     port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Serve the embedding and retrieval API and its web viewer (at /)."""
-    from p2p.apps import api  # lazy: see serve_ingest
+    from p2p.apps.embedding import embedding_app  # lazy: it loads torch, which `p2p --help` need not wait for
 
-    _serve(api.embedding_app, host, port)
+    _serve(embedding_app, host, port)
 
 
 @eval_app.command("mining")
@@ -655,14 +655,15 @@ def serve_demo(settings: Settings, port: int) -> None:
 
     import uvicorn
 
-    from p2p.apps import api  # lazy: see serve_ingest
+    from p2p.apps.embedding import embedding_app
+    from p2p.apps.ingest import ingest_app
 
     _refuse_open_bind_without_keys(settings, settings.server.host)
     runtime = _runtime(settings)
     try:
         embedding = uvicorn.Server(
             uvicorn.Config(
-                api.embedding_app(runtime=runtime),
+                embedding_app(runtime=runtime),
                 host=settings.server.host,
                 port=port + 1,
                 log_level="warning",
@@ -672,7 +673,7 @@ def serve_demo(settings: Settings, port: int) -> None:
         thread.start()
         try:
             uvicorn.run(
-                api.ingest_app(runtime=runtime),
+                ingest_app(runtime=runtime),
                 host=settings.server.host,
                 port=port,
                 log_level=settings.log_level.lower(),
