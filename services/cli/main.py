@@ -1,7 +1,12 @@
+"""The `p2p` commands. Imports that load torch, the miners' models or the ingest sources stay inside
+the commands that use them, so `p2p --help` and the light commands start without them."""
+
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -15,13 +20,36 @@ from sqlalchemy import func, select
 
 from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.eval_retrieval_cmd import eval_retrieval
+from p2p.cli.ingest_paths import BatchSource, plan
 from p2p.cli.mine_cmd import mine
 from p2p.cli.models_cmd import models_app
-from p2p.cli.train_cmd import train_app
+from p2p.cli.train_cmd import follow, train_app
 from p2p.mining import remine
-from p2p.shared.db.models import BatchKind
+from p2p.mining.costs import COUNTERS, aggregate_costs
+from p2p.shared.auth import create_api_key, revoke_api_key
+from p2p.shared.db import migrate
+from p2p.shared.db.models import (
+    ApiKey,
+    Batch,
+    BatchItemStatus,
+    BatchKind,
+    BatchStatus,
+    Figure,
+    MiningJob,
+    ModelStatus,
+    ModelVersion,
+    Panel,
+    Region,
+    TrainingRun,
+    TrainingRunStatus,
+)
+from p2p.shared.embedded import EmbeddedPostgres
+from p2p.shared.errors import P2PError
+from p2p.shared.queue import InProcessDispatcher
 from p2p.shared.runtime import Runtime
+from p2p.shared.schemas import FigureMetadata
 from p2p.shared.settings import Settings
+from p2p.training.schemas import TrainingRunCreate
 
 app = typer.Typer(
     help="Panel2Patch: mine biomedical figures into figure/panel/region image-text pairs.",
@@ -77,7 +105,6 @@ def ingest(
 ) -> None:
     """Ingest files, folders (manifest.jsonl, *.tar shards, *.tar.gz packages, images), manifests,
     WebDataset shards and PMC Open Access packages."""
-    from p2p.cli.ingest_paths import BatchSource, plan
 
     settings = _settings()
     try:
@@ -118,8 +145,6 @@ def _progress() -> Progress:
 def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progress) -> dict[str, int]:
     from p2p.ingest import batches
     from p2p.ingest.sources.base import ItemError, SourceItem
-    from p2p.shared.db.models import BatchItemStatus, BatchStatus
-    from p2p.shared.errors import P2PError
 
     source = str(path.resolve())
     task = progress.add_task(f"{kind.value} {path.name}", total=None)
@@ -155,8 +180,6 @@ def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progr
 
 def _ingest_loose(runtime: Runtime, path: Path, caption: str, progress: Progress) -> dict[str, int]:
     from p2p.ingest.service import ingest_figure
-    from p2p.shared.errors import P2PError
-    from p2p.shared.schemas import FigureMetadata
 
     task = progress.add_task(path.name, total=1)
     try:
@@ -179,8 +202,6 @@ def _ingest_loose(runtime: Runtime, path: Path, caption: str, progress: Progress
 
 
 def _wait_in_process(runtime: Runtime) -> None:
-    from p2p.shared.queue import InProcessDispatcher
-
     if isinstance(runtime.dispatcher, InProcessDispatcher):
         runtime.dispatcher.wait_idle()
 
@@ -188,7 +209,6 @@ def _wait_in_process(runtime: Runtime) -> None:
 @app.command()
 def status() -> None:
     """Counts of figures, mining jobs and recent batches."""
-    from p2p.shared.db.models import Batch, Figure, MiningJob, Panel, Region
 
     settings = _settings()
     runtime = _runtime(settings)
@@ -240,9 +260,6 @@ def cost(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Mining cost: LVLM requests, tokens, retries and fallbacks per figure and per stage."""
-    import json
-
-    from p2p.mining.costs import COUNTERS, aggregate_costs
 
     runtime = _runtime(_settings())
     try:
@@ -279,8 +296,6 @@ def keys_create(
     scope: Annotated[list[str], typer.Option(help="ingest, read or admin; repeat for several.")],
 ) -> None:
     """Create an API key; the secret is printed once and stored only as a hash."""
-    from p2p.shared.auth import create_api_key
-    from p2p.shared.errors import P2PError
 
     runtime = _runtime(_settings())
     try:
@@ -299,8 +314,6 @@ def keys_create(
 
 @keys_app.command("list")
 def keys_list() -> None:
-    from p2p.shared.db.models import ApiKey
-
     runtime = _runtime(_settings())
     try:
         with runtime.session() as session:
@@ -323,8 +336,6 @@ def keys_list() -> None:
 
 @keys_app.command("revoke")
 def keys_revoke(prefix: str) -> None:
-    from p2p.shared.auth import revoke_api_key
-
     runtime = _runtime(_settings())
     try:
         with runtime.session() as session:
@@ -340,8 +351,6 @@ def keys_revoke(prefix: str) -> None:
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply migrations (the embedded database is started for it)."""
-    from p2p.shared.db import migrate
-    from p2p.shared.embedded import EmbeddedPostgres
 
     settings = _settings()
     embedded = None
@@ -415,7 +424,6 @@ def eval_mining(
     limit: Annotated[int | None, typer.Option(help="Score only the first N figures.")] = None,
 ) -> None:
     """Panel P/R/F1 at IoU 0.5/0.75/0.9, mean IoU, labels, subcaptions, marker recall, types, time."""
-    import json as json_lib
 
     if (folder is None) == (captions is None):
         console.print("[red]give exactly one of --dir or --captions[/red]")
@@ -425,7 +433,7 @@ def eval_mining(
         from p2p.mining.eval_captions import evaluate_prostate
 
         report["captions"] = evaluate_prostate(captions)
-        out.write_text(json_lib.dumps(report, indent=2))
+        out.write_text(json.dumps(report, indent=2))
         _print_json(report["captions"])
         return
     assert folder is not None
@@ -437,15 +445,13 @@ def eval_mining(
     report["cpu"] = evaluate_folder(folder, cpu_miner(), limit=limit)
     if reference:
         report["naive_xycut"] = evaluate_folder(folder, naive_reference, limit=limit)
-    out.write_text(json_lib.dumps(report, indent=2))
+    out.write_text(json.dumps(report, indent=2))
     _print_mining_table(report)
     console.print(f"report written to {out}")
 
 
 def _print_json(data: object) -> None:
-    import json as json_lib
-
-    out.print_json(json_lib.dumps(data))
+    out.print_json(json.dumps(data))
 
 
 def _print_mining_table(report: dict[str, object]) -> None:
@@ -529,7 +535,6 @@ def demo(
 
 def _synthetic_corpus(folder: Path, count: int) -> Path:
     """``count`` synthetic compound figures (deterministic) with a manifest of their captions."""
-    import json
 
     from p2p.mining.synth.dataset import write_dataset
 
@@ -549,11 +554,7 @@ def _synthetic_corpus(folder: Path, count: int) -> Path:
 
 def _demo_training(settings: Settings, steps: int) -> uuid.UUID | None:
     """Train the small preset on the corpus (once) and activate it; its model version, or None."""
-    from p2p.cli.train_cmd import follow
-    from p2p.shared.db.models import TrainingRun, TrainingRunStatus
-    from p2p.shared.errors import P2PError
     from p2p.training import runs
-    from p2p.training.schemas import TrainingRunCreate
 
     runtime = _runtime(settings)
     try:
@@ -602,8 +603,6 @@ def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
     from p2p.embedding_api.indexing import register
     from p2p.models.modeling import DEFAULT_MODEL_NAME, default_spec, load_model
     from p2p.models.registry import activate, get_space, spec_of
-    from p2p.shared.db.models import ModelStatus, ModelVersion
-    from p2p.shared.queue import InProcessDispatcher
 
     runtime = _runtime(settings)
     try:
@@ -651,7 +650,6 @@ def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
 def serve_demo(settings: Settings, port: int) -> None:
     """Serve the ingest API on ``port`` and the embedding API with the viewer on ``port + 1`` from one
     runtime (one embedded database, one task pool) until interrupted."""
-    import threading
 
     import uvicorn
 
