@@ -22,6 +22,8 @@ from PIL import Image
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from p2p.mining.lvlm.client import LvlmUnavailable
+from p2p.mining.lvlm.prompts import FigureContext
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
 from p2p.shared.db.base import utcnow
@@ -85,9 +87,6 @@ def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any =
 
 
 def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any) -> JobOutcome:
-    from p2p.mining.lvlm.client import LvlmUnavailable
-    from p2p.mining.lvlm.prompts import FigureContext
-
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
         if job is None:

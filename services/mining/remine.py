@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from p2p.shared.db.base import utcnow
@@ -109,18 +109,21 @@ def queue_remine(runtime: Runtime, *, backend: str, version: str, limit: int | N
 
 
 def _send(runtime: Runtime, dispatcher: TaskDispatcher, job_ids: Sequence[uuid.UUID], backend: str) -> int:
-    not_sent = 0
-    for job_id in job_ids:
-        accepted = dispatcher.send(MINE_FIGURE_TASK, args=[str(job_id)], queue=mining_queue(backend))
-        if not accepted:
-            not_sent += 1
-            continue
+    """Hand the jobs to the mining queue; those handed over are marked enqueued (one statement)."""
+    sent = [
+        job_id
+        for job_id in job_ids
+        if dispatcher.send(MINE_FIGURE_TASK, args=[str(job_id)], queue=mining_queue(backend))
+    ]
+    if sent:
         with runtime.session() as session:
-            job = session.get(MiningJob, job_id)
-            if job is not None and job.enqueued_at is None:
-                job.enqueued_at = utcnow()
-                session.commit()
-    return not_sent
+            session.execute(
+                update(MiningJob)
+                .where(MiningJob.id.in_(sent), MiningJob.enqueued_at.is_(None))
+                .values(enqueued_at=utcnow())
+            )
+            session.commit()
+    return len(job_ids) - len(sent)
 
 
 def progress(session: Session, job_ids: Sequence[uuid.UUID]) -> Counter[JobStatus]:
