@@ -140,7 +140,7 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any)
 
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
-        figure = session.get(Figure, figure_id)
+        figure = session.get(Figure, figure_id, with_for_update=True)  # one writer per figure
         assert job is not None and figure is not None
         session.execute(delete(Panel).where(Panel.mining_job_id == job_id))
         _supersede(session, job)
