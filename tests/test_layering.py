@@ -160,3 +160,12 @@ def test_the_ingest_process_and_the_task_modules_load_no_ml_library() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_an_in_process_dispatcher_without_task_modules_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    from celery import Celery
+
+    from p2p.shared.queue import InProcessDispatcher
+
+    InProcessDispatcher(Celery("bare"), workers=1).close()
+    assert "no task modules registered" in caplog.text

@@ -274,7 +274,8 @@ def cost(
         out.print("no finished mining jobs")
         return
     for row in rows:
-        table = Table(title=f"{row['backend']} {row['version']}: {row['figures']} figures")
+        version = row["version"] or "(no version recorded)"
+        table = Table(title=f"{row['backend']} {version}: {row['figures']} figures")
         table.add_column("stage")
         for key in COUNTERS:
             table.add_column(key, justify="right")
