@@ -63,6 +63,7 @@ def count_stale(session: Session, *, backend: str, version: str) -> Counter[str 
 class Queued:
     job_ids: list[uuid.UUID]
     not_sent: int  # jobs the dispatcher could not hand over now (they stay queued in the database)
+    error: str | None = None  # the queue failed: the jobs made so far wait; a new run sends them
 
 
 def _chunks(session: Session, backend: str, version: str, limit: int | None) -> Iterator[list[uuid.UUID]]:
@@ -104,7 +105,10 @@ def queue_remine(runtime: Runtime, *, backend: str, version: str, limit: int | N
             session.commit()
             ids = [job.id for job in jobs if job.status is JobStatus.QUEUED and job.enqueued_at is None]
             job_ids.extend(job.id for job in jobs)
-        not_sent += _send(runtime, runtime.dispatcher, ids, backend)
+        try:
+            not_sent += _send(runtime, runtime.dispatcher, ids, backend)
+        except Exception as exc:  # the broker: whatever kombu raises, the operator needs the reason
+            return Queued(job_ids=job_ids, not_sent=len(ids) + not_sent, error=f"{type(exc).__name__}: {exc}")
     return Queued(job_ids=job_ids, not_sent=not_sent)
 
 
