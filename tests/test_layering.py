@@ -10,6 +10,7 @@ string to ``importlib.import_module``.
 from __future__ import annotations
 
 import ast
+import logging
 import subprocess
 import sys
 import tomllib
@@ -162,10 +163,15 @@ def test_the_ingest_process_and_the_task_modules_load_no_ml_library() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_an_in_process_dispatcher_without_task_modules_says_so(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_in_process_dispatcher_without_task_modules_says_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from celery import Celery
 
-    from p2p.shared.queue import InProcessDispatcher
+    from p2p.shared import queue
 
-    InProcessDispatcher(Celery("bare"), workers=1).close()
+    # A Celery worker started earlier in the session may have disabled existing loggers.
+    monkeypatch.setattr(queue.log, "disabled", False)
+    caplog.set_level(logging.WARNING, logger=queue.log.name)
+    queue.InProcessDispatcher(Celery("bare"), workers=1).close()
     assert "no task modules registered" in caplog.text
