@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NO_SERVE ?=
 
-.PHONY: install test test-deps demo serve lint format typecheck check bench clean
+.PHONY: install test test-deps demo serve lint format typecheck check bench fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,12 @@ bench: install
 	$(BIN)/python bench/ingest_bench.py
 	$(BIN)/python bench/mining_bench.py
 	$(BIN)/python bench/lvlm_bench.py
+
+# Schema fuzzing of both APIs at length (the suite runs a few examples per operation); the request
+# count is printed at the end.
+FUZZ_EXAMPLES ?= 500
+fuzz: install
+	P2P_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) P2P_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/test_fuzz.py -s -q -p no:cacheprovider --timeout=0
 
 clean:
 	rm -rf .p2p-data .pytest_cache .mypy_cache .ruff_cache

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.signals import celeryd_after_setup
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
 
 from p2p.apps.tasks import register_tasks
 from p2p.mining.tasks import get_miner, prepare_worker_process
@@ -38,6 +38,25 @@ def _preload_models(sender: str, instance: Any, **_: Any) -> None:
             get_miner("lvlm").ensure_ready()
         except ConnectionError as exc:
             logging.getLogger(__name__).warning("model server not ready: %s", exc)
+
+
+_sweepers: list[Any] = []
+
+
+@worker_ready.connect
+def _start_recovery_sweep(sender: Any = None, **_: Any) -> None:
+    # Every worker sweeps (one at a time across the cluster, by a lock): no beat process needed.
+    from p2p.shared.recovery import SweepTimer
+    from p2p.shared.runtime import get_process_runtime
+
+    settings = get_settings()
+    _sweepers.append(SweepTimer(get_process_runtime(), settings.queue.sweep_interval_s).start())
+
+
+@worker_shutting_down.connect
+def _stop_recovery_sweep(**_: Any) -> None:
+    while _sweepers:
+        _sweepers.pop().stop()
 
 
 __all__ = ["celery_app"]

@@ -120,5 +120,7 @@ def activate(
     version.error = None
     version.progress = {"state": "queued", "space": space, "queued_at": utcnow().isoformat()}
     session.commit()
-    dispatcher.send(REINDEX_TASK, args=[str(version.id), space], queue=EMBEDDING_QUEUE)
+    if dispatcher.send(REINDEX_TASK, args=[str(version.id), space], queue=EMBEDDING_QUEUE):
+        version.enqueued_at = utcnow()  # a message the broker lost is sent again by the sweep
+        session.commit()
     return version

@@ -15,6 +15,7 @@ from fastapi import Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
+from p2p.shared import ratelimit
 from p2p.shared.auth import ANONYMOUS, Principal, Scope, authenticate, require
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings
@@ -50,11 +51,18 @@ def _check_key(runtime: Runtime, authorization: str | None, scope: Scope) -> Pri
 
 def scope_required(scope: Scope) -> Callable[..., Awaitable[Principal]]:
     async def dependency(
-        runtime: RuntimeDep, authorization: Annotated[str | None, Header()] = None
+        request: Request, runtime: RuntimeDep, authorization: Annotated[str | None, Header()] = None
     ) -> Principal:
         if not runtime.settings.auth_required:
-            return ANONYMOUS
-        return await run_in_threadpool(_check_key, runtime, authorization, scope)
+            principal = ANONYMOUS
+        else:
+            principal = await run_in_threadpool(_check_key, runtime, authorization, scope)
+        if scope is not Scope.READ and runtime.rate_limiter is not None:
+            # Writes are limited per key; without keys, per client address.
+            client = request.client.host if request.client else "unknown"
+            key = f"key:{principal.key_id}" if principal.key_id else f"addr:{client}"
+            await run_in_threadpool(ratelimit.check, runtime.rate_limiter, key)
+        return principal
 
     return dependency
 

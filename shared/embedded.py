@@ -104,6 +104,36 @@ class EmbeddedPostgres:
             with contextlib.suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
                 conn.execute(f'CREATE DATABASE "{database}"')
 
+    def is_running(self) -> bool:
+        info = _postmaster(self.data_dir) if self._server is not None else None
+        return bool(info is not None and info.is_running())
+
+    def ensure_running(self) -> bool:
+        """Start the server again when it died (killed, OOM); True when this call restarted it.
+
+        A server that another process restarted, or that is still in crash recovery, is waited
+        for rather than started twice."""
+        with _lock:
+            server = self._server
+            if server is None:
+                return False
+            info = _postmaster(self.data_dir)
+            restarted = not (info is not None and info.is_running())
+            if restarted:
+                log.warning("embedded PostgreSQL in %s is down: restarting it", self.data_dir)
+                try:
+                    with PostgresServer._lock:  # pgserver's inter-process lock: one process starts it
+                        server.ensure_postgres_running()
+                except subprocess.SubprocessError:
+                    pass  # pg_ctl's own 10 s ran out (crash recovery); the postmaster goes on starting
+            if not _wait_ready(self.data_dir, READY_WAIT_S):
+                raise EmbeddedPostgresError(
+                    f"embedded PostgreSQL in {self.data_dir} did not come back; "
+                    f"its log is {self.data_dir / 'log'}"
+                )
+            server._postmaster_info = _postmaster(self.data_dir)
+        return restarted
+
     def stop(self) -> None:
         """Leave the server; the last user of the folder in this process stops it (unless another
         process still uses it)."""

@@ -18,10 +18,16 @@ class P2PError(Exception):
     error_type = "bad_request"
 
     def __init__(
-        self, message: str, *, error_type: str | None = None, status_code: int | None = None
+        self,
+        message: str,
+        *,
+        error_type: str | None = None,
+        status_code: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.headers = headers
         if error_type is not None:
             self.error_type = error_type
         if status_code is not None:
@@ -64,3 +70,12 @@ class Forbidden(P2PError):
 class ServiceUnavailable(P2PError):
     status_code = 503
     error_type = "service_unavailable"
+
+
+def broker_unavailable(what: str, exc: BaseException, *, location: str | None = None) -> ServiceUnavailable:
+    """``what`` is recorded but not queued: the same request again completes it."""
+    return ServiceUnavailable(
+        f"{what} could not be queued ({type(exc).__name__}: {exc}); send the same request again to run it",
+        error_type="broker_unavailable",
+        headers={"Retry-After": "10", **({"Location": location} if location else {})},
+    )

@@ -41,6 +41,22 @@ TRAIN_RUN_TASK = "p2p.training.run"
 celery_app = Celery("p2p")
 
 
+VISIBILITY_MARGIN_S = 300
+
+
+def visibility_timeout_s(settings: Settings) -> int:
+    """From the longest task: a message is re-delivered only once its task must have ended."""
+    configured = settings.queue.visibility_timeout_s
+    if configured is not None:
+        return configured
+    return max(hard for _, hard in settings.queue.time_limits_s.values()) + VISIBILITY_MARGIN_S
+
+
+def time_limits(settings: Settings, queue: str) -> dict[str, int]:
+    limits = settings.queue.time_limits_s.get(queue)
+    return {"soft_time_limit": limits[0], "time_limit": limits[1]} if limits else {}
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.redis.url or "memory://",
@@ -49,7 +65,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "broker_transport_options": {"visibility_timeout": settings.queue.visibility_timeout_s},
+        "broker_transport_options": {"visibility_timeout": visibility_timeout_s(settings)},
+        "worker_max_memory_per_child": settings.queue.worker_max_memory_mb * 1024,  # KiB
         "broker_connection_retry_on_startup": True,
         "task_default_queue": INGEST_QUEUE,
         "task_routes": {
@@ -93,15 +110,19 @@ class CeleryDispatcher:
     """Publishes to the broker through a connection pool of its own, so a process can hold
     dispatchers for different brokers without touching the app's global configuration."""
 
-    def __init__(self, app: Celery, broker_url: str, pool_limit: int = 16) -> None:
+    def __init__(
+        self, app: Celery, broker_url: str, pool_limit: int = 16, settings: Settings | None = None
+    ) -> None:
         self.app = app
+        self.settings = settings
         self._connection = app.connection_for_write(broker_url)
         self._pool = self._connection.Pool(limit=pool_limit)
 
     def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
         with self._pool.acquire(block=True, timeout=10) as conn:
             conn.ensure_connection(max_retries=2, interval_start=0.2, timeout=5)
-            self.app.send_task(task_name, args=args, queue=queue, connection=conn)
+            limits = time_limits(self.settings, queue) if self.settings is not None else {}
+            self.app.send_task(task_name, args=args, queue=queue, connection=conn, **limits)
         return True
 
     def ping(self) -> None:

@@ -9,7 +9,8 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
@@ -19,6 +20,7 @@ from p2p.shared.db import migrate
 from p2p.shared.db.engine import make_engine, make_session_factory
 from p2p.shared.embedded import EmbeddedPostgres
 from p2p.shared.queue import CeleryDispatcher, InProcessDispatcher, TaskDispatcher, configure_celery
+from p2p.shared.ratelimit import MemoryWindow, RateLimiter, RedisWindow
 from p2p.shared.settings import Settings, get_settings
 from p2p.shared.storage import LocalObjectStore, ObjectStore, S3ObjectStore
 
@@ -37,6 +39,10 @@ class Runtime:
     store: ObjectStore
     dispatcher: TaskDispatcher
     embedded_pg: EmbeddedPostgres | None = None
+    _restart_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    rate_limiter: RateLimiter | None = None
+    # Told of every durable-job event (p2p.shared.jobs.JobObserver): metrics plug in here.
+    job_observers: list[Any] = field(default_factory=list)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -44,8 +50,30 @@ class Runtime:
             yield session
 
     def check_database(self) -> None:
-        with self.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception:
+            self.database_unavailable()
+            raise
+
+    def database_unavailable(self) -> None:
+        """Told when a database call failed for want of a server: the embedded profile restarts its
+        own PostgreSQL (on a thread of its own, one restart at a time); a configured server is the
+        operator's."""
+        if self.embedded_pg is None or not self._restart_lock.acquire(blocking=False):
+            return
+        threading.Thread(target=self._restart_embedded, name="p2p-pg-restart", daemon=True).start()
+
+    def _restart_embedded(self) -> None:
+        try:
+            assert self.embedded_pg is not None
+            self.embedded_pg.ensure_running()
+            self.engine.dispose()  # its pooled connections point at the dead server
+        except Exception as exc:  # the next failing request tries again
+            log.warning("could not restart the embedded PostgreSQL: %s", exc)
+        finally:
+            self._restart_lock.release()
 
     def close(self) -> None:
         self.dispatcher.close()
@@ -100,7 +128,7 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
         dispatcher: TaskDispatcher = (
             InProcessDispatcher(app, settings.queue.embedded_workers, settings.queue.embedded_queues)
             if run_locally
-            else CeleryDispatcher(app, settings.redis.url or "memory://")
+            else CeleryDispatcher(app, settings.redis.url or "memory://", settings=settings)
         )
     except BaseException:
         engine.dispose()
@@ -108,6 +136,7 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
             embedded_pg.stop()
         raise
     return Runtime(
+        rate_limiter=build_rate_limiter(settings),
         settings=settings,
         engine=engine,
         session_factory=make_session_factory(engine),
@@ -115,6 +144,15 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
         dispatcher=dispatcher,
         embedded_pg=embedded_pg,
     )
+
+
+def build_rate_limiter(settings: Settings) -> RateLimiter | None:
+    limits = settings.rate_limit
+    if limits.writes_per_window == 0:
+        return None
+    if settings.redis.url:
+        return RedisWindow(settings.redis.url, limits.writes_per_window, limits.window_s)
+    return MemoryWindow(limits.writes_per_window, limits.window_s)
 
 
 def _check_schema(engine: Engine) -> None:

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from p2p.shared.db.models import (
     BatchItemStatus,
@@ -22,8 +22,36 @@ ShortText = Annotated[str, StringConstraints(strip_whitespace=True, max_length=5
 LongText = Annotated[str, StringConstraints(max_length=100_000)]
 
 
+# Offsets beyond this are refused (422) rather than handed to PostgreSQL, whose bigint they overflow.
+MAX_OFFSET = 2**31 - 1
+
+
+def _find_nul(value: Any, path: str) -> str | None:
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return f"{path}.{key!r}".lstrip(".")
+        found = _find_nul(item, f"{path}.{key}".lstrip("."))
+        if found is not None:
+            return found
+    return None
+
+
 class StrictModel(BaseModel):
+    """What clients send: unknown fields refused, and no NUL character in any string (PostgreSQL
+    text cannot hold one, and no path or name needs one)."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        where = _find_nul(data, "")
+        if where is not None:
+            raise ValueError(f"{where or 'a string'} contains a NUL character")
+        return data
 
 
 class ArticleIn(StrictModel):
@@ -122,6 +150,7 @@ class FigurePublic(BaseModel):
 
     id: uuid.UUID
     status: FigureStatus
+    mining_error: str | None = Field(default=None, description="Why mining failed, when it did.")
     image_sha256: str
     object_key: str
     byte_size: int

@@ -43,9 +43,32 @@ class S3Settings(BaseModel):
 
 
 class QueueSettings(BaseModel):
-    # Must exceed the longest task (an LVLM figure or a large batch item); Redis re-delivers
-    # unacknowledged messages after this many seconds.
-    visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
+    # Redis re-delivers an unacknowledged message after this many seconds. Empty: the longest hard
+    # time limit plus a margin. Dead workers' jobs do not wait for it: their leases run out first.
+    visibility_timeout_s: int | None = Field(default=None, ge=60)
+    # Soft then hard time limit per task, by queue: over the soft one the job fails with the reason.
+    # Training runs have none by default: they take hours, heartbeat, and resume from checkpoints;
+    # a re-delivery while one runs finds its lock held and leaves.
+    time_limits_s: dict[str, tuple[int, int]] = Field(
+        default_factory=lambda: {
+            "ingest": (3300, 3600),
+            "mining": (540, 600),
+            "mining-lvlm": (1740, 1800),
+            "embedding": (3300, 3600),
+        }
+    )
+    worker_max_memory_mb: int = Field(
+        default=4096, ge=64, description="A worker child over this resident size is replaced after its task."
+    )
+    lease_s: float = Field(
+        default=60.0, gt=0, description="A running job without a heartbeat this long is dead."
+    )
+    requeue_after_s: float = Field(
+        default=900.0, ge=0, description="A queued job not started after this long is sent again."
+    )
+    sweep_interval_s: float = Field(default=60.0, gt=0, description="Recovery sweep period in workers.")
+    max_attempts: int = Field(default=5, ge=1, description="Worker losses before a job is failed.")
+    recover_on_start: bool = Field(default=True, description="Embedded profile: re-send orphans at start.")
     embedded_workers: int = Field(default=2, ge=1, le=64)
     embedded_queues: list[str] = Field(
         default_factory=lambda: ["ingest", "mining", "embedding", "training"],
@@ -72,6 +95,13 @@ class AuthSettings(BaseModel):
     required: bool | None = Field(
         default=None, description="Require API keys on write endpoints. Default: yes in production only."
     )
+
+
+class RateLimitSettings(BaseModel):
+    writes_per_window: int = Field(
+        default=1200, ge=0, description="Write requests per key (or client address) per window; 0: no limit."
+    )
+    window_s: int = Field(default=60, ge=1, le=3600)
 
 
 class ServerSettings(BaseModel):
@@ -181,6 +211,7 @@ class Settings(BaseSettings):
     queue: QueueSettings = QueueSettings()
     ingest: IngestSettings = IngestSettings()
     auth: AuthSettings = AuthSettings()
+    rate_limit: RateLimitSettings = RateLimitSettings()
     server: ServerSettings = ServerSettings()
     mining: MiningSettings = MiningSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()

@@ -5,11 +5,15 @@ from __future__ import annotations
 import io
 import json
 import random
+import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from typing import Any
 
+import uvicorn
 from PIL import Image
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
@@ -94,3 +98,30 @@ def run_module(module: str, *args: str, timeout: float = 300) -> subprocess.Comp
     return subprocess.run(
         [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout
     )
+
+
+def serve_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """Serve an app with uvicorn on a free loopback port, on a thread; stop it by
+    ``server.should_exit = True`` and joining the thread."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    return server, thread, port
+
+
+def wait_for(check: Any, timeout: float, what: str = "a condition", interval: float = 0.1) -> Any:
+    """Poll ``check`` until it returns something true (returned), or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import random
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from p2p.shared.db.models import Figure, Panel, Region
 from p2p.shared.queue import InProcessDispatcher
 from p2p.shared.runtime import Runtime
 from tests.conftest import RuntimeFactory
-from tests.helpers import assert_error, image_bytes, upload
+from tests.helpers import assert_error, image_bytes, upload, wait_for
 
 TINY = {
     "embed_dim": 32,
@@ -101,13 +100,7 @@ def corpus(make_runtime: RuntimeFactory) -> Iterator[Corpus]:
 
 
 def wait_until(check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("timed out")
+    return wait_for(check, timeout, interval=0.2)
 
 
 # --- no active version ---------------------------------------------------------------------------

@@ -18,9 +18,10 @@ from fastapi.testclient import TestClient
 
 from p2p.apps.embedding import embedding_app as create_app
 from p2p.shared.db.models import ModelVersion, TrainingRun, TrainingRunStatus
+from p2p.shared.jobs import TRAINING, claim
 from p2p.shared.runtime import Runtime
 from p2p.training import runs
-from p2p.training.jobs import TrainingInterrupted, execute_run, run_lock
+from p2p.training.jobs import TrainingInterrupted, execute_run
 from p2p.training.schemas import TrainingRunCreate
 from tests.conftest import RuntimeFactory
 from tests.helpers import assert_error
@@ -277,8 +278,8 @@ def test_a_split_without_regions_fails_before_training(idle_runtime: Runtime) ->
 def test_duplicate_delivery_is_skipped_and_a_finished_run_is_not_rerun(idle_runtime: Runtime) -> None:
     runtime = idle_runtime
     run_id = create(runtime, body(options={"register_model": False}))
-    with run_lock(runtime.engine, run_id) as held:
-        assert held
+    with claim(runtime, TRAINING, run_id) as held:
+        assert held is not None
         assert execute_run(runtime, run_id) is None  # another worker holds it
     run = wait_for(runtime, run_id, lambda r: True)
     assert run.status is TrainingRunStatus.QUEUED and run.attempts == 0

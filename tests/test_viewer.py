@@ -76,7 +76,9 @@ def page() -> Iterator[Any]:
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            # Playwright evaluates wait_for_function's predicate with eval, which the viewer's CSP
+            # forbids (as it should); the policy itself is tested in test_bounded_work.
+            context = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True)
             tab = context.new_page()
             tab.set_default_timeout(30_000)
             yield tab

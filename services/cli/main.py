@@ -23,6 +23,7 @@ from p2p.cli.eval_retrieval_cmd import eval_retrieval
 from p2p.cli.ingest_paths import BatchSource, plan
 from p2p.cli.mine_cmd import mine
 from p2p.cli.models_cmd import models_app
+from p2p.cli.recover_cmd import recover
 from p2p.cli.train_cmd import follow, train_app
 from p2p.mining import remine
 from p2p.mining.costs import COUNTERS, aggregate_costs
@@ -67,6 +68,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(train_app, name="train")
 eval_app.command("retrieval")(eval_retrieval)
 app.command("mine")(mine)
+app.command("recover")(recover)
 
 
 def _register_synth() -> None:

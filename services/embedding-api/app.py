@@ -26,8 +26,9 @@ from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
 from p2p.models.modeling import default_spec, load_model
 from p2p.models.registry import spec_of
-from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers
+from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers, install_guards
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
+from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import EmbeddingSettings, Settings, get_settings
 
@@ -163,12 +164,15 @@ def create_app(
         app.state.runtime = rt
         set_process_runtime(rt)
         refresher: asyncio.Task[None] | None = None
+        sweeper = start_embedded_recovery(rt)
         try:
             app.state.model_state = await asyncio.to_thread(load_state, rt, space)
             app.state.model_state.batcher.start()
             refresher = asyncio.create_task(refresh_forever(app, rt, space, refresh_interval_s))
             yield
         finally:
+            if sweeper is not None:
+                sweeper.stop()
             if refresher is not None:
                 refresher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -189,6 +193,12 @@ def create_app(
     )
     install_error_handlers(app)
     install_batcher_handler(app)
+    # Crops may redirect to presigned URLs of the object store: the viewer's images come from there.
+    store = settings.s3.endpoint
+    img_hosts = f"{'https' if settings.s3.secure else 'http'}://{store}" if store else ""
+    install_guards(
+        app, auth_required=settings.auth_required, csp_paths=("/static/", "/figures/"), img_hosts=img_hosts
+    )
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
     for router in routers:
         app.include_router(router)

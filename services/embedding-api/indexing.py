@@ -28,6 +28,7 @@ from p2p.embedding_api import vectors
 from p2p.models import registry
 from p2p.models.modeling import EmbeddingModel, ModelLoadError, ModelSpec, load_model
 from p2p.models.registry import get_space, spec_of
+from p2p.shared import jobs as durable
 from p2p.shared.db.base import utcnow
 from p2p.shared.db.models import (
     Article,
@@ -190,13 +191,28 @@ def _embed_batch(
 
 def reindex(runtime: Runtime, version_id: uuid.UUID, space: str) -> dict[str, Any]:
     """Embed the whole corpus with ``version_id``; switch ``space`` to it when complete. A failure
-    marks the version failed with its reason and leaves the space's active version as it was."""
+    marks the version failed with its reason and leaves the space's active version as it was.
+    Runs under the version's durable-job claim: a second delivery leaves the first one at work."""
+    with durable.claim(runtime, durable.REINDEX, version_id) as lease:
+        if lease is None:
+            with runtime.session() as session:
+                held = session.get(ModelVersion, version_id)
+                return dict(held.progress or {}) if held is not None else {}
+        return _reindex_claimed(runtime, lease, space)
 
+
+def _reindex_claimed(runtime: Runtime, lease: durable.Lease, space: str) -> dict[str, Any]:
     settings = runtime.settings.embedding
+    version_id = lease.job_id
     with runtime.session() as session:
         version = session.get(ModelVersion, version_id)
         if version is None:
             raise NotFound(f"no model version {version_id}")
+        if version.status is not ModelStatus.INDEXING:
+            return dict(version.progress or {})  # finished (or failed) before this delivery
+        durable.start(session, lease, version, status=ModelStatus.INDEXING)
+        session.commit()
+        durable.flush_events(runtime, session)
         session.expunge(version)
     started = time.perf_counter()
     try:
@@ -235,8 +251,8 @@ def reindex(runtime: Runtime, version_id: uuid.UUID, space: str) -> dict[str, An
         version_row = session.get(ModelVersion, version_id)
         row = get_space(session, space, create=True)
         assert version_row is not None and row is not None
-        version_row.status = ModelStatus.READY
         version_row.error = None
+        durable.finish(session, lease, version_row, status=ModelStatus.READY)
         elapsed = time.perf_counter() - started
         version_row.progress = {
             **(version_row.progress or {}),
@@ -249,6 +265,7 @@ def reindex(runtime: Runtime, version_id: uuid.UUID, space: str) -> dict[str, An
             row.active_version_id = version_id
             row.pending_version_id = None
         session.commit()
+        durable.flush_events(runtime, session)
         return dict(version_row.progress)
 
 
@@ -282,16 +299,7 @@ def _progress(
 
 
 def _fail(runtime: Runtime, version_id: uuid.UUID, space: str, reason: str) -> None:
-    with runtime.session() as session:
-        version = session.get(ModelVersion, version_id)
-        if version is not None:
-            version.status = ModelStatus.FAILED
-            version.error = reason[:2000]
-            version.progress = {**(version.progress or {}), "state": "failed"}
-        row = get_space(session, space)
-        if row is not None and row.pending_version_id == version_id:
-            row.pending_version_id = None
-        session.commit()
+    durable.mark_failed(runtime, durable.REINDEX, version_id, reason)
 
 
 def embed_figures(runtime: Runtime, figure_ids: Sequence[uuid.UUID]) -> int:

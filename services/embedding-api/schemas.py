@@ -9,13 +9,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from p2p.shared.db.models import LicenseGroup, ModelStatus, RegionKind
+from p2p.shared.schemas import StrictModel
 
 Level = Literal["figure", "panel", "region"]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 # --- embeds ----------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from p2p.shared.db.models import Article, Figure, Panel, Region
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable
 from p2p.shared.images import inspect_image
 from p2p.shared.runtime import Runtime
+from p2p.shared.schemas import MAX_OFFSET
 from p2p.shared.settings import Settings
 from p2p.shared.storage import ObjectNotFound, ObjectStore, StorageError
 
@@ -85,8 +86,10 @@ def check_k(k: int, offset: int, *, settings: Settings) -> None:
     max_k = settings.embedding.max_k
     if not 1 <= k <= max_k:
         raise InvalidInput(f"k must be between 1 and {max_k}, got {k}", error_type="k_out_of_range")
-    if offset < 0:
-        raise InvalidInput(f"offset must be 0 or more, got {offset}", error_type="offset_out_of_range")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise InvalidInput(
+            f"offset must be between 0 and {MAX_OFFSET}, got {offset}", error_type="offset_out_of_range"
+        )
 
 
 def decode_image(data: bytes, *, settings: Settings, name: str = "image") -> Image.Image:
@@ -104,8 +107,14 @@ def decode_image(data: bytes, *, settings: Settings, name: str = "image") -> Ima
     except InvalidInput as exc:
         exc.message = f"{name}: {exc.message}"
         raise
-    with Image.open(stream) as img:
-        return img.convert("RGB")
+    try:
+        with Image.open(stream) as img:
+            return img.convert("RGB")
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+        # The structure checks passed but the pixel data does not decode (a corrupt zlib stream...).
+        raise InvalidInput(
+            f"{name}: image data is truncated or corrupt: {exc}", error_type="corrupt_image"
+        ) from exc
 
 
 def parse_box(raw: str | Sequence[float] | None) -> list[float] | None:
@@ -186,8 +195,13 @@ def load_item_image(
         data = runtime.store.get_bytes(key)
     except ObjectNotFound as exc:
         raise NotFound(f"the image of {level} {item_id} is missing from the store") from exc
-    with Image.open(io.BytesIO(data)) as img:
-        return img.convert("RGB")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.convert("RGB")
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+        raise InvalidInput(
+            f"the stored image of {level} {item_id} does not decode: {exc}", error_type="corrupt_image"
+        ) from exc
 
 
 def stored_vector(engine: Engine, *, version_id: uuid.UUID, level: str, item_id: uuid.UUID) -> np.ndarray:

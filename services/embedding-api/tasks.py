@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from p2p.shared.jobs import REINDEX
 from p2p.shared.queue import EMBED_FIGURES_TASK, REINDEX_TASK, celery_app
 from p2p.shared.tasks import P2PTask
 
@@ -19,8 +20,13 @@ class EmbeddingTask(P2PTask):
     abstract = True
 
 
-@celery_app.task(name=REINDEX_TASK, base=EmbeddingTask, bind=True)
-def reindex_task(self: EmbeddingTask, version_id: str, space: str) -> None:
+class ReindexTask(EmbeddingTask):
+    abstract = True
+    job_kind = REINDEX
+
+
+@celery_app.task(name=REINDEX_TASK, base=ReindexTask, bind=True)
+def reindex_task(self: ReindexTask, version_id: str, space: str) -> None:
     from p2p.embedding_api.indexing import reindex
 
     progress = reindex(self.runtime, uuid.UUID(version_id), space)

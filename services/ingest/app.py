@@ -9,7 +9,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from p2p.ingest.routes import batches, figures, health, jobs
-from p2p.shared.api import BodySizeLimit, install_error_handlers
+from p2p.shared.api import BodySizeLimit, install_error_handlers, install_guards
+from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings, get_settings
 
@@ -39,9 +40,12 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         app.state.runtime = runtime or build_runtime(settings)
         set_process_runtime(app.state.runtime)
         log.log(logging.INFO if settings.auth_required else logging.WARNING, startup_notice(settings))
+        sweeper = start_embedded_recovery(app.state.runtime)
         try:
             yield
         finally:
+            if sweeper is not None:
+                sweeper.stop()
             if owned:
                 app.state.runtime.close()
                 set_process_runtime(None)
@@ -53,6 +57,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_guards(app, auth_required=settings.auth_required)
     body_cap = settings.ingest.max_upload_bytes + settings.ingest.max_metadata_bytes + MULTIPART_OVERHEAD
     app.add_middleware(
         BodySizeLimit,

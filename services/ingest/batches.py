@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -24,11 +24,10 @@ from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
 from p2p.ingest.sources.files import FileTooLarge, LocalFiles, S3Files, SourceFiles
 from p2p.ingest.sources.manifest import iter_manifest
 from p2p.ingest.sources.pmc import iter_pmc_package
-from p2p.ingest.sources.webdataset import iter_webdataset
-from p2p.shared.db.base import utcnow
+from p2p.ingest.sources.webdataset import ShardLimits, check_shard, iter_webdataset
+from p2p.shared import jobs as durable
 from p2p.shared.db.models import Batch, BatchItem, BatchItemStatus, BatchKind, BatchStatus
-from p2p.shared.errors import Forbidden, InvalidInput, NotFound, P2PError
-from p2p.shared.queue import INGEST_QUEUE, RUN_BATCH_TASK
+from p2p.shared.errors import Forbidden, InvalidInput, NotFound, P2PError, broker_unavailable
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings
 from p2p.shared.storage import ObjectStore, S3ObjectStore
@@ -58,7 +57,13 @@ def _source_files(
         key = source[len(UPLOAD_SCHEME) :]
         prefix, _, name = key.rpartition("/")
         return _StoreFiles(runtime_store, prefix), name
-    path = Path(source).expanduser().resolve()
+    if not trusted and source.startswith("~"):
+        # A home folder is the server user's business, not a client's ("~user" may not even exist).
+        raise InvalidInput(f"{source}: give server paths in full, without ~", error_type="invalid_source")
+    try:
+        path = Path(source).expanduser().resolve()
+    except RuntimeError as exc:  # "~nosuchuser"
+        raise InvalidInput(f"{source}: {exc}", error_type="source_not_found") from exc
     roots = [root.expanduser().resolve() for root in settings.ingest.batch_roots]
     if not trusted and not any(path == root or root in path.parents for root in roots):
         raise Forbidden(
@@ -128,7 +133,7 @@ def open_items(
             shard_names = [name] if name else files.list((".tar",))
             if not shard_names:
                 raise SourceError("no_shards", f"no .tar shards in {source}")
-            yield _iter_shards(files, shard_names, stack, cap)
+            yield _iter_shards(files, shard_names, stack, settings)
         else:
             if not name.endswith(PMC_SUFFIXES):
                 raise InvalidInput(
@@ -150,15 +155,23 @@ def pmc_items(stream: BinaryIO, name: str, settings: Settings) -> Iterator[Sourc
     )
 
 
+def shard_limits(settings: Settings) -> ShardLimits:
+    return ShardLimits(
+        max_members=settings.ingest.max_package_members, max_total_bytes=settings.ingest.max_package_bytes
+    )
+
+
 def _iter_shards(
-    files: SourceFiles, names: list[str], stack: ExitStack, cap: int
+    files: SourceFiles, names: list[str], stack: ExitStack, settings: Settings
 ) -> Iterator[SourceItem | ItemError]:
+    cap = settings.ingest.max_upload_bytes
+
     def shards() -> Iterator[tuple[str, BinaryIO]]:
         for shard in names:
             handle = stack.enter_context(files.open(shard))
             yield shard, handle
 
-    yield from iter_webdataset(shards(), max_image_bytes=cap)
+    yield from iter_webdataset(shards(), max_image_bytes=cap, limits=shard_limits(settings))
 
 
 def check_source(
@@ -175,13 +188,20 @@ def check_source(
 
 
 def check_upload(kind: BatchKind, stream: BinaryIO, name: str, *, settings: Settings) -> None:
-    """Refuse an uploaded package or shard before it is stored (first item parsed)."""
+    """Refuse an uploaded package or shard before it is stored (first item parsed; a shard's
+    headers all walked within its limits)."""
     stream.seek(0)
     try:
         if kind is BatchKind.PMC:
             items = pmc_items(stream, name, settings)
         else:
-            items = iter_webdataset([(name, stream)], max_image_bytes=settings.ingest.max_upload_bytes)
+            check_shard(name, stream, shard_limits(settings))
+            stream.seek(0)
+            items = iter_webdataset(
+                [(name, stream)],
+                max_image_bytes=settings.ingest.max_upload_bytes,
+                limits=shard_limits(settings),
+            )
         next(items, None)
     except SourceError as exc:
         raise InvalidInput(exc.message, error_type=exc.error_type) from exc
@@ -190,6 +210,21 @@ def check_upload(kind: BatchKind, stream: BinaryIO, name: str, *, settings: Sett
 
 
 def create_batch(session: Session, *, kind: BatchKind, source: str) -> Batch:
+    """A new batch, or the one the same request left unsent (the broker was down): sending the
+    request again completes that batch instead of recording a second one."""
+    unsent = session.scalars(
+        select(Batch)
+        .where(
+            Batch.kind == kind,
+            Batch.source == source,
+            Batch.status == BatchStatus.QUEUED,
+            Batch.enqueued_at.is_(None),
+        )
+        .order_by(Batch.created_at)
+        .limit(1)
+    ).first()
+    if unsent is not None:
+        return unsent
     batch = Batch(kind=kind, source=source, status=BatchStatus.QUEUED)
     session.add(batch)
     session.commit()
@@ -197,7 +232,20 @@ def create_batch(session: Session, *, kind: BatchKind, source: str) -> Batch:
 
 
 def enqueue_batch(runtime: Runtime, batch: Batch) -> None:
-    runtime.dispatcher.send(RUN_BATCH_TASK, args=[str(batch.id)], queue=INGEST_QUEUE)
+    """Send the batch to the ingest queue; a broker that cannot take it is a 503 naming the batch."""
+    try:
+        with runtime.session() as session:
+            row = get_batch(session, batch.id)
+            durable.send(runtime, durable.INGEST_BATCH, row)
+            session.commit()
+            batch.enqueued_at = row.enqueued_at
+    except P2PError:
+        raise
+    except Exception as exc:
+        log.warning("could not queue batch %s: %s", batch.id, exc)
+        raise broker_unavailable(
+            f"batch {batch.id} is recorded but", exc, location=f"/v1/batches/{batch.id}"
+        ) from exc
 
 
 def get_batch(session: Session, batch_id: uuid.UUID) -> Batch:
@@ -224,13 +272,25 @@ ItemCallback = Callable[[SourceItem | ItemError, BatchItemStatus], None]
 def run_batch(
     runtime: Runtime, batch_id: uuid.UUID, *, trusted: bool = False, on_item: ItemCallback | None = None
 ) -> Batch:
+    """Run (or resume) a batch under its durable-job claim; another worker's batch is left alone."""
+    with durable.claim(runtime, durable.INGEST_BATCH, batch_id) as lease:
+        if lease is None:
+            with runtime.session() as session:
+                return get_batch(session, batch_id)
+        return _run_claimed(runtime, lease, trusted=trusted, on_item=on_item)
+
+
+def _run_claimed(
+    runtime: Runtime, lease: durable.Lease, *, trusted: bool, on_item: ItemCallback | None
+) -> Batch:
+    batch_id = lease.job_id
     with runtime.session() as session:
         batch = get_batch(session, batch_id)
         if batch.status in (BatchStatus.SUCCEEDED, BatchStatus.COMPLETED_WITH_ERRORS, BatchStatus.FAILED):
             return batch
-        batch.status = BatchStatus.RUNNING
-        batch.started_at = batch.started_at or utcnow()
+        durable.start(session, lease, batch)
         session.commit()
+        durable.flush_events(runtime, session)
         done = set(session.scalars(select(BatchItem.item_key).where(BatchItem.batch_id == batch_id)))
         kind, source = batch.kind, batch.source
 
@@ -250,19 +310,56 @@ def run_batch(
         error_type = getattr(exc, "error_type", type(exc).__name__)
         message = getattr(exc, "message", str(exc))
         log.warning("batch %s failed: %s: %s", batch_id, error_type, message)
-        return _finish(runtime, batch_id, error=f"{error_type}: {message}")
-    return _finish(runtime, batch_id, total=seen)
+        return _finish(runtime, lease, error=f"{error_type}: {message}")
+    return _finish(runtime, lease, total=seen)
+
+
+def _record_item(
+    session: Session,
+    *,
+    batch_id: uuid.UUID,
+    key: str,
+    status: BatchItemStatus,
+    figure_id: uuid.UUID | None = None,
+    error_type: str | None = None,
+    error_message: str | None = None,
+) -> None:
+    """The item's row and its batch counter, in the caller's transaction (the figure's own)."""
+    counter = {
+        BatchItemStatus.INGESTED: Batch.ingested,
+        BatchItemStatus.DUPLICATE: Batch.duplicates,
+        BatchItemStatus.FAILED: Batch.failed,
+    }[status]
+    inserted = session.execute(
+        insert(BatchItem)
+        .values(
+            id=uuid.uuid4(),
+            batch_id=batch_id,
+            item_key=key,
+            status=status,
+            figure_id=figure_id,
+            error_type=error_type,
+            error_message=error_message,
+        )
+        .on_conflict_do_nothing(constraint="uq_batch_item_key")
+        .returning(BatchItem.id)
+    ).first()
+    if inserted is not None:
+        session.execute(update(Batch).where(Batch.id == batch_id).values({counter: counter + 1}))
 
 
 def _process_item(runtime: Runtime, batch_id: uuid.UUID, item: SourceItem | ItemError) -> BatchItemStatus:
-    figure_id: uuid.UUID | None = None
-    error_type = error_message = None
-    if isinstance(item, ItemError):
-        status, error_type, error_message = BatchItemStatus.FAILED, item.error_type, item.message
-    else:
+    if not isinstance(item, ItemError):
+        recorded: list[BatchItemStatus] = []
+
+        def record(session: Session, figure: Any, duplicate: bool) -> None:
+            status = BatchItemStatus.DUPLICATE if duplicate else BatchItemStatus.INGESTED
+            _record_item(session, batch_id=batch_id, key=item.key, status=status, figure_id=figure.id)
+            recorded.append(status)
+
         try:
             with runtime.session() as session:
-                outcome = ingest_figure(
+                ingest_figure(
                     session=session,
                     store=runtime.store,
                     dispatcher=runtime.dispatcher,
@@ -271,40 +368,31 @@ def _process_item(runtime: Runtime, batch_id: uuid.UUID, item: SourceItem | Item
                     caption=item.caption,
                     metadata=item.metadata,
                     source="batch",
+                    record=record,
                 )
-            figure_id = outcome.figure.id
-            status = BatchItemStatus.DUPLICATE if outcome.duplicate else BatchItemStatus.INGESTED
+            return recorded[-1]
         except P2PError as exc:
-            status, error_type, error_message = BatchItemStatus.FAILED, exc.error_type, exc.message
-    counter = {
-        BatchItemStatus.INGESTED: Batch.ingested,
-        BatchItemStatus.DUPLICATE: Batch.duplicates,
-        BatchItemStatus.FAILED: Batch.failed,
-    }[status]
+            if recorded:  # stored with its item; only queueing its mining failed (the sweep sends it)
+                log.warning("batch %s item %s: %s", batch_id, item.key, exc.message)
+                return recorded[-1]
+            item = ItemError(item.key, exc.error_type, exc.message)
     with runtime.session() as session:
-        inserted = session.execute(
-            insert(BatchItem)
-            .values(
-                id=uuid.uuid4(),
-                batch_id=batch_id,
-                item_key=item.key,
-                status=status,
-                figure_id=figure_id,
-                error_type=error_type,
-                error_message=error_message,
-            )
-            .on_conflict_do_nothing(constraint="uq_batch_item_key")
-            .returning(BatchItem.id)
-        ).first()
-        if inserted is not None:
-            session.execute(update(Batch).where(Batch.id == batch_id).values({counter: counter + 1}))
+        _record_item(
+            session,
+            batch_id=batch_id,
+            key=item.key,
+            status=BatchItemStatus.FAILED,
+            error_type=item.error_type,
+            error_message=item.message,
+        )
         session.commit()
-    return status
+    return BatchItemStatus.FAILED
 
 
 def _finish(
-    runtime: Runtime, batch_id: uuid.UUID, *, total: int | None = None, error: str | None = None
+    runtime: Runtime, lease: durable.Lease, *, total: int | None = None, error: str | None = None
 ) -> Batch:
+    batch_id = lease.job_id
     with runtime.session() as session:
         batch = get_batch(session, batch_id)
         counts = dict(
@@ -317,11 +405,37 @@ def _finish(
         batch.ingested = counts.get(BatchItemStatus.INGESTED, 0)
         batch.duplicates = counts.get(BatchItemStatus.DUPLICATE, 0)
         batch.failed = counts.get(BatchItemStatus.FAILED, 0)
-        batch.finished_at = utcnow()
         if error is not None:
-            batch.status, batch.error = BatchStatus.FAILED, error
+            batch.error = error
+            durable.finish(session, lease, batch, status=BatchStatus.FAILED, phase=durable.Phase.FAILED)
         else:
             batch.total = total
-            batch.status = BatchStatus.COMPLETED_WITH_ERRORS if batch.failed else BatchStatus.SUCCEEDED
+            status = BatchStatus.COMPLETED_WITH_ERRORS if batch.failed else BatchStatus.SUCCEEDED
+            durable.finish(session, lease, batch, status=status)
         session.commit()
-        return batch
+        durable.flush_events(runtime, session)
+    _clean_upload(runtime, batch)
+    return batch
+
+
+def _clean_upload(runtime: Runtime, batch: Batch) -> None:
+    """An uploaded package is only the batch's input: gone once the batch ended, unless another
+    batch of the same upload (the same bytes, content-addressed) still needs it."""
+    if not batch.source.startswith(UPLOAD_SCHEME):
+        return
+    with runtime.session() as session:
+        others = session.scalar(
+            select(func.count())
+            .select_from(Batch)
+            .where(
+                Batch.source == batch.source,
+                Batch.id != batch.id,
+                Batch.status.in_((BatchStatus.QUEUED, BatchStatus.RUNNING)),
+            )
+        )
+    if others:
+        return
+    try:
+        runtime.store.delete(batch.source[len(UPLOAD_SCHEME) :])
+    except Exception as exc:  # the batch's result stands; the orphan is only space
+        log.warning("could not delete the upload of batch %s: %s", batch.id, exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -14,15 +15,20 @@ from sqlalchemy.orm import Session
 
 from p2p.shared.db.base import new_id, utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
-from p2p.shared.errors import InvalidInput, ServiceUnavailable
+from p2p.shared.errors import InvalidInput, broker_unavailable
 from p2p.shared.images import digest_stream, inspect_image
+from p2p.shared.jobs import MINING
 from p2p.shared.licenses import license_group, normalize_license
 from p2p.shared.queue import MINE_FIGURE_TASK, TaskDispatcher, mining_queue
+from p2p.shared.recovery import resend_if_stalled
 from p2p.shared.schemas import ArticleIn, FigureMetadata
 from p2p.shared.settings import Settings
 from p2p.shared.storage import ObjectStore, content_key
 
 log = logging.getLogger(__name__)
+
+
+Recorder = Callable[[Session, Figure, bool], None]  # (session, figure, duplicate)
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,12 @@ def ingest_figure(
     caption: str,
     metadata: FigureMetadata,
     source: str,
+    record: Recorder | None = None,
 ) -> IngestOutcome:
-    """Every check runs before the first write, so rejected input leaves no row and no object."""
+    """Every check runs before the first write, so rejected input leaves no row and no object.
+
+    ``record`` writes what the caller keeps about the figure (a batch item) in the figure's own
+    transaction, so a process killed in between cannot leave one without the other."""
     caption = validate_caption(caption, max_chars=settings.ingest.max_caption_chars)
     digest = digest_stream(image, max_bytes=settings.ingest.max_upload_bytes)
     if digest.size == 0:
@@ -71,8 +81,10 @@ def ingest_figure(
     existing = _find_figure(session, digest.sha256, caption_sha)
     if existing is not None:
         job = _ensure_job(session, existing, settings)
+        if record is not None:
+            record(session, existing, True)
         session.commit()
-        _dispatch(session, dispatcher, job)
+        _dispatch(session, dispatcher, job, settings=settings)
         return IngestOutcome(figure=existing, job=job, duplicate=True)
 
     key = content_key(digest.sha256, info.extension)
@@ -107,14 +119,18 @@ def ingest_figure(
         raced = _find_figure(session, digest.sha256, caption_sha)
         assert raced is not None
         job = _ensure_job(session, raced, settings)
+        if record is not None:
+            record(session, raced, True)
         session.commit()
-        _dispatch(session, dispatcher, job)
+        _dispatch(session, dispatcher, job, settings=settings)
         return IngestOutcome(figure=raced, job=job, duplicate=True)
     # A figure created in this transaction cannot have a job yet: no lookup, no savepoint.
     job = MiningJob(figure_id=figure.id, backend=settings.mining.backend, status=JobStatus.QUEUED)
     session.add(job)
+    if record is not None:
+        record(session, figure, False)
     session.commit()
-    _dispatch(session, dispatcher, job)
+    _dispatch(session, dispatcher, job, settings=settings)
     return IngestOutcome(figure=figure, job=job, duplicate=False)
 
 
@@ -156,18 +172,24 @@ def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJ
     return job
 
 
-def _dispatch(session: Session, dispatcher: TaskDispatcher, job: MiningJob) -> None:
-    """Hand the job to the mining queue once; a retry of the same upload re-sends a job never sent."""
-    if job.enqueued_at is not None or job.status != JobStatus.QUEUED:
-        return
+def _dispatch(session: Session, dispatcher: TaskDispatcher, job: MiningJob, *, settings: Settings) -> None:
+    """Hand the job to the mining queue once; the same upload again re-sends a job never sent, and
+    one stalled (its message lost, its worker gone)."""
     try:
-        accepted = dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend))
+        if job.enqueued_at is None and job.status == JobStatus.QUEUED:
+            accepted = dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend))
+        else:
+            reason = resend_if_stalled(
+                session, dispatcher=dispatcher, settings=settings, kind=MINING, row=job
+            )
+            if reason is not None:
+                log.warning("mining job %s was stalled (%s): sent again", job.id, reason)
+                session.commit()
+            return
     except Exception as exc:
         log.warning("could not enqueue mining job %s: %s", job.id, exc)
-        raise ServiceUnavailable(
-            f"figure {job.figure_id} is stored but its mining job {job.id} could not be queued ({exc}); "
-            "send the same request again to retry",
-            error_type="broker_unavailable",
+        raise broker_unavailable(
+            f"figure {job.figure_id} is stored but its mining job {job.id}", exc
         ) from exc
     if accepted:
         job.enqueued_at = utcnow()

@@ -1,10 +1,10 @@
 """Run one mining job: lock it, mine the figure, replace its panels and regions, record the outcome.
 
-Idempotency is explicit: a job is unique per (figure, backend, miner version); a PostgreSQL advisory
-lock keeps two deliveries of it from running at once; a finished job is not mined again; and a
-re-run replaces the job's rows in one transaction, never adding to them. A job of a newer miner
-(``p2p mine --stale``) replaces the rows of the figure's older job in that same transaction, so the
-old results stand until the new ones are complete.
+Idempotency is explicit: a job is unique per (figure, backend, miner version); the durable-job claim
+(``p2p.shared.jobs``: advisory lock and lease) keeps two deliveries of it from running at once; a
+finished job is not mined again; and a re-run replaces the job's rows in one transaction, never
+adding to them. A job of a newer miner (``p2p mine --stale``) replaces the rows of the figure's older
+job in that same transaction, so the old results stand until the new ones are complete.
 """
 
 from __future__ import annotations
@@ -19,18 +19,17 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from p2p.mining.lvlm.client import LvlmUnavailable
 from p2p.mining.lvlm.prompts import FigureContext
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
-from p2p.shared.db.base import utcnow
+from p2p.shared import jobs as durable
 from p2p.shared.db.models import (
     Article,
     Figure,
-    FigureStatus,
     JobStatus,
     MiningJob,
     Panel,
@@ -62,10 +61,6 @@ def job_backend(runtime: Runtime, job_id: uuid.UUID) -> str | None:
         return session.scalar(select(MiningJob.backend).where(MiningJob.id == job_id))
 
 
-def _lock_key(job_id: uuid.UUID) -> int:
-    return int.from_bytes(job_id.bytes[:8], "big", signed=True)
-
-
 def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any = None) -> JobOutcome:
     """Mine one job with ``miner`` (a CpuMiner or an LvlmMiner).
 
@@ -73,20 +68,15 @@ def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any =
     (the task retries later); on the last attempt the caller passes ``fallback`` (the CPU miner)
     and the figure is mined by it instead, with a note saying so.
     """
-    with runtime.engine.connect() as lock_conn:
-        locked = lock_conn.scalar(select(func.pg_try_advisory_lock(_lock_key(job_id))))
-        lock_conn.commit()
-        if not locked:
+    with durable.claim(runtime, durable.MINING, job_id) as lease:
+        if lease is None:
             log.info("job %s is being mined by another worker; this delivery does nothing", job_id)
             return JobOutcome(job_id, JobStatus.RUNNING, skipped="locked")
-        try:
-            return _mine_locked(runtime, job_id, miner, fallback)
-        finally:
-            lock_conn.scalar(select(func.pg_advisory_unlock(_lock_key(job_id))))
-            lock_conn.commit()
+        return _mine_locked(runtime, lease, miner, fallback)
 
 
-def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any) -> JobOutcome:
+def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Any, fallback: Any) -> JobOutcome:
+    job_id = lease.job_id
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
         if job is None:
@@ -100,13 +90,9 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any)
             session.rollback()
             mark_failed(runtime, job_id, _wrong_version(target, miner.version))
             return JobOutcome(job_id, JobStatus.FAILED)
-        job.status = JobStatus.RUNNING
-        job.attempts += 1
-        job.started_at = utcnow()
-        job.error = None
-        if figure.status is not FigureStatus.MINED:  # a re-mine: the old results stand meanwhile
-            figure.status = FigureStatus.MINING
+        durable.start(session, lease, job)  # a re-mine leaves a mined figure's status: old results stand
         session.commit()
+        durable.flush_events(runtime, session)
         object_key, caption, figure_id = figure.object_key, figure.caption, figure.id
         article = session.get(Article, figure.article_id) if figure.article_id else None
         context = FigureContext(
@@ -187,7 +173,6 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any)
                     provenance=provenance,
                 )
             )
-        job.status = JobStatus.SUCCEEDED
         job.params = {**params, "miner_version": miner.version}
         job.prompt_version = miner.prompt_version
         job.stage_timings = {k: round(v, 4) for k, v in result.stage_seconds.items()}
@@ -199,9 +184,9 @@ def _mine_locked(runtime: Runtime, job_id: uuid.UUID, miner: Any, fallback: Any)
             "seconds": round(total, 4),
         }
         job.notes = result.notes
-        job.finished_at = utcnow()
-        figure.status = FigureStatus.MINED
+        durable.finish(session, lease, job, status=JobStatus.SUCCEEDED)
         session.commit()
+        durable.flush_events(runtime, session)
     return JobOutcome(
         job_id,
         JobStatus.SUCCEEDED,
@@ -256,30 +241,11 @@ def _supersede(session: Session, job: MiningJob) -> None:
 
 def _requeue(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:
     """Back to "queued" while the task waits to retry: never left "running"."""
-    with runtime.session() as session:
-        job = session.get(MiningJob, job_id)
-        if job is None or job.status is not JobStatus.RUNNING:
-            return
-        job.status = JobStatus.QUEUED
-        job.error = reason[:2000]
-        figure = session.get(Figure, job.figure_id)
-        if figure is not None and figure.status is not FigureStatus.MINED:
-            figure.status = FigureStatus.QUEUED
-        session.commit()
+    durable.requeue(runtime, durable.MINING, job_id, reason)
 
 
 def mark_failed(runtime: Runtime, job_id: uuid.UUID, reason: str) -> None:
-    with runtime.session() as session:
-        job = session.get(MiningJob, job_id)
-        if job is None or job.status is JobStatus.SUCCEEDED:
-            return
-        job.status = JobStatus.FAILED
-        job.error = reason[:2000]
-        job.finished_at = utcnow()
-        figure = session.get(Figure, job.figure_id)
-        if figure is not None and figure.status is not FigureStatus.MINED:  # older results still stand
-            figure.status = FigureStatus.FAILED
-        session.commit()
+    durable.mark_failed(runtime, durable.MINING, job_id, reason)
 
 
 def _decode(data: bytes) -> np.ndarray:

@@ -7,6 +7,7 @@ import threading
 import uuid
 from typing import Any
 
+from p2p.shared.jobs import MINING
 from p2p.shared.queue import EMBED_FIGURES_TASK, EMBEDDING_QUEUE, MINE_FIGURE_TASK, celery_app
 from p2p.shared.settings import Settings, get_settings
 from p2p.shared.tasks import P2PTask
@@ -45,15 +46,7 @@ def prepare_worker_process(settings: Settings) -> None:
 
 class MiningTask(P2PTask):
     abstract = True
-
-    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-        # Out of retries or an unexpected error: the job is failed with its reason, not left "running".
-        from p2p.mining.jobs import mark_failed
-
-        try:
-            mark_failed(self.runtime, uuid.UUID(args[0]), f"{type(exc).__name__}: {exc}")
-        except Exception:
-            log.exception("could not record the failure of mining job %s", args)
+    job_kind = MINING
 
 
 @celery_app.task(name=MINE_FIGURE_TASK, base=MiningTask, bind=True)

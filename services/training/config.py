@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from p2p.models.modeling import ModelSpec, default_config
+from p2p.shared.schemas import StrictModel
 
 Level = Literal["figure", "panel", "region"]
 LEVEL_ORDER: tuple[Level, ...] = ("region", "panel", "figure")  # the alternating cycle R -> P -> M
@@ -29,7 +30,7 @@ class TrainConfigError(ValueError):
     """A training configuration is invalid (the message names the offending keys)."""
 
 
-class _Strict(BaseModel):
+class _Strict(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

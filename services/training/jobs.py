@@ -1,7 +1,8 @@
 """Running one training run on a worker: export -> train (child process) -> evaluate -> register.
 
-Idempotent by a PostgreSQL advisory lock on the run id, held for the whole execution: a duplicate
-delivery (a broker re-delivering a long run, a retried task) finds the lock taken and leaves. A run
+Idempotent by the durable-job claim (``p2p.shared.jobs``: an advisory lock on the run id and a
+lease, held for the whole execution): a duplicate delivery (a broker re-delivering a long run, a
+retried task) finds the lock taken and leaves; a run whose worker died is re-queued by the sweep. A run
 whose worker died is re-delivered and resumes from its latest checkpoint (the trainer does that on
 its own from ``{out_prefix}/latest.json``); a trainer killed by a signal is restarted the same way
 up to ``max_restarts`` times. The run row carries the state, the progress and the reason of a failure.
@@ -19,11 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, text
-from sqlalchemy.engine import Engine
+from sqlalchemy import select
 
 from p2p.models.modeling import ModelSpec, load_model
 from p2p.models.registry import activate, register
+from p2p.shared import jobs as durable
 from p2p.shared.db.base import utcnow
 from p2p.shared.db.models import ModelVersion, TrainingRun, TrainingRunStatus
 from p2p.shared.runtime import Runtime
@@ -40,30 +41,10 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 1.0
 STOP_GRACE_S = 300.0  # a trainer asked to stop finishes its step and writes a checkpoint first
 HEARTBEAT_S = 30.0
-LOCK_NAMESPACE = 0x7032_7054  # "p2pT": keeps these advisory locks apart from any others
 
 
 class TrainingInterrupted(Exception):
     """The trainer stopped without a cancel request (the worker is shutting down): run it again."""
-
-
-def _lock_key(run_id: uuid.UUID) -> int:
-    return (run_id.int ^ LOCK_NAMESPACE) & 0x7FFF_FFFF_FFFF_FFFF
-
-
-@contextlib.contextmanager
-def run_lock(engine: Engine, run_id: uuid.UUID) -> Iterator[bool]:
-    """Hold the run's advisory lock for the block; yields False when another worker holds it."""
-    with engine.connect() as conn:
-        key = _lock_key(run_id)
-        acquired = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
-        conn.commit()
-        try:
-            yield acquired
-        finally:
-            if acquired:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                conn.commit()
 
 
 class _Run:
@@ -111,13 +92,14 @@ class _Run:
 
     def finish(self, status: TrainingRunStatus, error: str | None = None, **values: Any) -> None:
         self.update(status=status, error=error, finished_at=utcnow(), **values)
-        log.info("training run %s %s%s", self.id, status.value, f": {error}" if error else "")
+        event: durable.EventName = "succeeded" if status is TrainingRunStatus.COMPLETED else "failed"
+        durable.emit(self.runtime, durable.JobEvent("training", self.id, event, reason=error))
 
 
 def execute_run(runtime: Runtime, run_id: uuid.UUID) -> TrainingRunStatus | None:
     """Execute the run (or resume it); None when another worker holds it."""
-    with run_lock(runtime.engine, run_id) as acquired:
-        if not acquired:
+    with durable.claim(runtime, durable.TRAINING, run_id) as lease:
+        if lease is None:
             log.info("training run %s is being executed by another worker; leaving it", run_id)
             return None
         return _execute(runtime, _Run(runtime, run_id))

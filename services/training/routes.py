@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, status
 
 from p2p.shared.db.models import TrainingRunStatus
 from p2p.shared.deps import AdminPrincipal, ReadPrincipal, RuntimeDep, SessionDep
+from p2p.shared.schemas import MAX_OFFSET
 from p2p.training import runs
 from p2p.training.schemas import TrainingRunCreate, TrainingRunPublic
 
@@ -34,7 +35,7 @@ def list_training_runs(
     _: ReadPrincipal,
     status_filter: Annotated[TrainingRunStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[TrainingRunPublic]:
     found = runs.list_runs(session, status=status_filter, limit=limit, offset=offset)
     return [TrainingRunPublic.model_validate(r) for r in found]

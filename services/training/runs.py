@@ -100,7 +100,9 @@ def create_run(
     )
     session.add(run)
     session.commit()
-    dispatcher.send(TRAIN_RUN_TASK, args=[str(run.id)], queue=TRAINING_QUEUE)
+    if dispatcher.send(TRAIN_RUN_TASK, args=[str(run.id)], queue=TRAINING_QUEUE):
+        run.enqueued_at = utcnow()  # a message the broker lost is sent again by the sweep
+        session.commit()
     return run
 
 

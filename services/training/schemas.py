@@ -6,13 +6,11 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from p2p.shared.db.models import TrainingRunStatus
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from p2p.shared.schemas import StrictModel as _Strict
+from p2p.shared.storage import StorageError, validate_key
 
 
 class RunData(_Strict):
@@ -26,6 +24,18 @@ class RunData(_Strict):
     min_panels: int = Field(default=1, ge=1)
     mix_plain_pairs: float = Field(default=0.0, ge=0.0, lt=1.0, description="Share of plain figure pairs.")
     shard_size: int = Field(default=1000, ge=1, le=100_000)
+
+    @field_validator("snapshot")
+    @classmethod
+    def _snapshot_key(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        prefix = value.strip("/")
+        try:
+            validate_key(f"{prefix}/manifest.json" if prefix else "")
+        except StorageError as exc:
+            raise ValueError(f"not an object-store prefix: {value!r}") from exc
+        return value
 
     @model_validator(mode="after")
     def _snapshot_or_filters(self) -> RunData:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from p2p.shared.jobs import TRAINING
 from p2p.shared.queue import TRAIN_RUN_TASK, celery_app
 from p2p.shared.tasks import P2PTask
 
@@ -18,6 +19,7 @@ INTERRUPTED_RETRY_S = 10
 
 class TrainingTask(P2PTask):
     abstract = True
+    job_kind = TRAINING
 
 
 @celery_app.task(name=TRAIN_RUN_TASK, base=TrainingTask, bind=True, max_retries=20)

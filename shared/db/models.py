@@ -89,6 +89,16 @@ class RegionKind(enum.StrEnum):
     INFERRED = "inferred"
 
 
+class LeaseMixin:
+    """The durable-job lease (``p2p.shared.jobs``): who runs the job and until when that claim
+    holds without a heartbeat. A running job whose lease ran out has no live owner."""
+
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # last sent to a queue
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class Article(TimestampMixin, Base):
     __tablename__ = "article"
 
@@ -136,6 +146,14 @@ class Figure(TimestampMixin, Base):
         _enum(FigureStatus, "figure_status"), default=FigureStatus.QUEUED, nullable=False, index=True
     )
 
+    @property
+    def mining_error(self) -> str | None:
+        """Why the figure failed (an image that does not decode...), from its failed mining job."""
+        if self.status is not FigureStatus.FAILED:
+            return None  # no job is loaded for the figures that did not fail
+        reasons = [job.error for job in self.jobs if job.status is JobStatus.FAILED and job.error]
+        return reasons[-1] if reasons else None
+
     article: Mapped[Article | None] = relationship(back_populates="figures")
     panels: Mapped[list[Panel]] = relationship(
         back_populates="figure", cascade="all, delete-orphan", order_by="Panel.ordinal"
@@ -150,7 +168,7 @@ class Figure(TimestampMixin, Base):
         return latest.miner_version if latest is not None else None
 
 
-class MiningJob(TimestampMixin, Base):
+class MiningJob(LeaseMixin, TimestampMixin, Base):
     __tablename__ = "mining_job"
     __table_args__ = (
         # One job per figure, backend and miner version (NULL, a job no miner took yet, counts as
@@ -163,6 +181,7 @@ class MiningJob(TimestampMixin, Base):
             postgresql_nulls_not_distinct=True,
         ),
         CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+        Index("ix_mining_job_status_lease", "status", "lease_expires_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -185,7 +204,6 @@ class MiningJob(TimestampMixin, Base):
     error: Mapped[str | None] = mapped_column(Text)
     # What the miner could not do for this figure, in words ("no labels read: reading order used").
     notes: Mapped[list[str]] = mapped_column(JSONB, nullable=False, default=list, server_default="[]")
-    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -245,8 +263,9 @@ class Region(TimestampMixin, Base):
     panel: Mapped[Panel] = relationship(back_populates="regions")
 
 
-class Batch(TimestampMixin, Base):
+class Batch(LeaseMixin, TimestampMixin, Base):
     __tablename__ = "batch"
+    __table_args__ = (Index("ix_batch_status", "status"),)
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     kind: Mapped[BatchKind] = mapped_column(_enum(BatchKind, "batch_kind"), nullable=False)
@@ -259,6 +278,7 @@ class Batch(TimestampMixin, Base):
     duplicates: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     failed: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -305,7 +325,7 @@ class ModelStatus(enum.StrEnum):
     FAILED = "failed"  # loading or indexing failed; ``error`` says why
 
 
-class ModelVersion(TimestampMixin, Base):
+class ModelVersion(LeaseMixin, TimestampMixin, Base):
     """An embedding model: open_clip architecture (by name or config) plus its weights."""
 
     __tablename__ = "model_version"
@@ -331,6 +351,7 @@ class ModelVersion(TimestampMixin, Base):
     progress: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, default=dict)  # evaluation
     training_run_id: Mapped[uuid.UUID | None] = mapped_column()
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
 
 class EmbeddingSpace(TimestampMixin, Base):
@@ -362,7 +383,7 @@ class TrainingRunStatus(enum.StrEnum):
         return self in (TrainingRunStatus.COMPLETED, TrainingRunStatus.FAILED, TrainingRunStatus.CANCELLED)
 
 
-class TrainingRun(TimestampMixin, Base):
+class TrainingRun(LeaseMixin, TimestampMixin, Base):
     """One hierarchical CLIP training run: its config, data snapshot, progress, checkpoints and result."""
 
     __tablename__ = "training_run"
@@ -394,4 +415,3 @@ class TrainingRun(TimestampMixin, Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -2,10 +2,11 @@
 "use strict";
 
 const P2P = (() => {
+  // The key lives for the browser session only (sessionStorage), never on disk.
   const KEY = "p2p-api-key";
 
   function apiKey() {
-    return window.localStorage.getItem(KEY) || "";
+    return window.sessionStorage.getItem(KEY) || "";
   }
 
   function bindKeyInput(input) {
@@ -13,8 +14,8 @@ const P2P = (() => {
     input.value = apiKey();
     input.addEventListener("change", () => {
       const value = input.value.trim();
-      if (value) window.localStorage.setItem(KEY, value);
-      else window.localStorage.removeItem(KEY);
+      if (value) window.sessionStorage.setItem(KEY, value);
+      else window.sessionStorage.removeItem(KEY);
     });
   }
 

@@ -13,7 +13,7 @@ from p2p.ingest.deps import IngestPrincipal, ReadPrincipal, RuntimeDep, SessionD
 from p2p.ingest.service import ingest_figure
 from p2p.shared.db.models import Figure, FigureStatus, Panel
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge
-from p2p.shared.schemas import FigureAccepted, FigureMetadata, FigurePublic
+from p2p.shared.schemas import MAX_OFFSET, FigureAccepted, FigureMetadata, FigurePublic
 
 router = APIRouter(prefix="/v1/figures", tags=["figures"])
 
@@ -115,7 +115,7 @@ def list_figures(
     _: ReadPrincipal,
     status_: Annotated[FigureStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[Figure]:
     query = select(Figure).options(
         selectinload(Figure.article),

@@ -7,7 +7,9 @@ source that cannot be read at all (missing, not a tar, hostile paths) raises ``S
 
 from __future__ import annotations
 
+import tarfile
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from p2p.shared.schemas import FigureMetadata
 
@@ -35,3 +37,18 @@ class ItemError:
     key: str
     error_type: str
     message: str
+
+
+def member_problem(member: tarfile.TarInfo) -> str | None:
+    """Why a tar member may not be read (a path escaping the archive, a link, a device), or None."""
+    name = member.name
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if name.startswith(("/", "\\")):
+        return f"member {name!r} has an absolute path"
+    if ".." in parts:
+        return f"member {name!r} has a '..' path component"
+    if member.issym() or member.islnk():
+        return f"member {name!r} is a link (to {member.linkname!r})"
+    if member.isdev():
+        return f"member {name!r} is a device or fifo"
+    return None

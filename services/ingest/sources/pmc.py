@@ -22,7 +22,7 @@ import defusedxml
 import defusedxml.ElementTree as SafeET
 from pydantic import ValidationError
 
-from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
+from p2p.ingest.sources.base import ItemError, SourceError, SourceItem, member_problem
 from p2p.ingest.sources.manifest import article_from_fields, validation_message
 from p2p.shared.licenses import normalize_license
 from p2p.shared.schemas import ArticleIn, FigureMetadata
@@ -134,20 +134,6 @@ def _clip(text: str, limit: int) -> str:
 # --------------------------------------------------------------------------- package checks
 
 
-def _member_problem(member: tarfile.TarInfo) -> str | None:
-    name = member.name
-    parts = PurePosixPath(name.replace("\\", "/")).parts
-    if name.startswith(("/", "\\")):
-        return f"member {name!r} has an absolute path"
-    if ".." in parts:
-        return f"member {name!r} has a '..' path component"
-    if member.issym() or member.islnk():
-        return f"member {name!r} is a link (to {member.linkname!r})"
-    if member.isdev():
-        return f"member {name!r} is a device or fifo"
-    return None
-
-
 def _open_checked(
     fileobj: BinaryIO, name: str, max_members: int, max_total_bytes: int
 ) -> tuple[tarfile.TarFile, list[tarfile.TarInfo]]:
@@ -170,7 +156,7 @@ def _open_checked(
                 if damage is not None:
                     raise SourceError("not_a_tar", f"{name} is damaged (truncated or corrupt): {damage}")
                 break
-            problem = _member_problem(member)
+            problem = member_problem(member)
             if problem:
                 raise SourceError("hostile_package", f"{name}: {problem}")
             members.append(member)

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
-from p2p.ingest.sources.base import ItemError, SourceError, SourceItem
+from p2p.ingest.sources.base import ItemError, SourceError, SourceItem, member_problem
 from p2p.ingest.sources.manifest import article_from_fields, validation_error_type, validation_message
 from p2p.shared.schemas import FigureMetadata
 from p2p.shared.tarstream import TrackingTarInfo, header_damage, split_member_name
@@ -51,24 +51,66 @@ def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
         return handle.read()
 
 
+@dataclass(frozen=True)
+class ShardLimits:
+    """Per shard, like a PMC package's: members and their summed (decompressed) bytes, counted from
+    the headers before anything is read, so a small gzip that expands to gigabytes stops early."""
+
+    max_members: int = 20_000
+    max_total_bytes: int = 4 * 1024**3
+
+
 def iter_webdataset(
-    shards: Iterable[tuple[str, BinaryIO]], *, max_image_bytes: int
+    shards: Iterable[tuple[str, BinaryIO]], *, max_image_bytes: int, limits: ShardLimits | None = None
 ) -> Iterator[SourceItem | ItemError]:
     for shard_name, fileobj in shards:
-        yield from _iter_shard(shard_name, fileobj, max_image_bytes)
+        yield from _iter_shard(shard_name, fileobj, max_image_bytes, limits or ShardLimits())
 
 
-def _iter_shard(shard_name: str, fileobj: BinaryIO, max_image_bytes: int) -> Iterator[SourceItem | ItemError]:
+def _check_budget(shard_name: str, members: int, total: int, limits: ShardLimits) -> None:
+    if members > limits.max_members:
+        raise SourceError(
+            "too_many_members", f"shard {shard_name} has more than {limits.max_members} members"
+        )
+    if total > limits.max_total_bytes:
+        raise SourceError(
+            "package_too_large",
+            f"shard {shard_name}: members sum to more than {limits.max_total_bytes} bytes",
+        )
+
+
+def check_shard(shard_name: str, fileobj: BinaryIO, limits: ShardLimits) -> None:
+    """Walk every header of an uploaded shard (data skipped) within the limits, before it is kept."""
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+            members = total = 0
+            for member in tar:
+                members, total = members + 1, total + max(member.size, 0)
+                _check_budget(shard_name, members, total, limits)
+    except _READ_ERRORS as exc:
+        raise SourceError("not_a_tar", f"shard {shard_name} is not a readable tar file: {exc}") from exc
+
+
+def _iter_shard(
+    shard_name: str, fileobj: BinaryIO, max_image_bytes: int, limits: ShardLimits
+) -> Iterator[SourceItem | ItemError]:
     try:  # closed by the `with tar` below
         tar = tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=TrackingTarInfo)  # noqa: SIM115
     except _READ_ERRORS as exc:
         raise SourceError("not_a_tar", f"shard {shard_name} is not a readable tar file: {exc}") from exc
 
     sample: _Sample | None = None
+    members = total = 0
     with tar:
         try:
             for member in tar:
+                members, total = members + 1, total + max(member.size, 0)
+                _check_budget(shard_name, members, total, limits)
                 if not member.isfile():
+                    continue  # links, folders and devices are never read
+                problem = member_problem(member)
+                if problem is not None:
+                    yield ItemError(f"{shard_name}/{member.name}", "unsafe_member", problem)
                     continue
                 split = split_member_name(member.name)
                 if split is None:
