@@ -5,13 +5,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NO_SERVE ?=
+# make demo PORT=9000 (ingest API; the viewer and embedding API take PORT+1), SYNTHETIC=300
+# TRAIN_STEPS=240 for the long run of the README, TRAIN_STEPS=0 to skip training.
+PORT ?=
+SYNTHETIC ?=
+TRAIN_STEPS ?=
 
 .PHONY: install test test-deps demo serve lint format typecheck check bench fuzz clean
 
 $(STAMP): pyproject.toml
+	@echo "== install 1/2: virtual environment $(VENV) ($(PYTHON))"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev,ml]'
+	@echo "== install 2/2: panel2patch with its dev and ml extras (torch with its CUDA libraries, open_clip, RapidOCR...: about 7 GB installed, minutes)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev,ml]'
 	touch $(STAMP)
+	@echo "== installed"
 
 install: $(STAMP)
 
@@ -31,7 +39,8 @@ test: test-deps
 	$(BIN)/python -m pytest
 
 demo: install
-	$(BIN)/p2p demo $(if $(filter 1 true yes,$(NO_SERVE)),--no-serve,)
+	$(BIN)/p2p demo $(if $(filter 1 true yes,$(NO_SERVE)),--no-serve,) $(if $(PORT),--port $(PORT),) \
+		$(if $(SYNTHETIC),--synthetic $(SYNTHETIC),) $(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS),)
 
 serve: install
 	$(BIN)/p2p serve ingest

@@ -312,7 +312,7 @@ class ServerProcess:
 def build_corpus(runtime: Any, folder: Path, figures: int) -> dict[str, Any]:
     from p2p.ingest.service import ingest_figure
     from p2p.mining.jobs import mine_job
-    from p2p.mining.synth import write_dataset
+    from p2p.mining.lab.synth import write_dataset
     from p2p.mining.tasks import get_miner
     from p2p.shared.schemas import FigureMetadata
 

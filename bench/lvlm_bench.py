@@ -79,7 +79,7 @@ def mine_all(miner: Any, items: list[Any], threads: int) -> tuple[list[Any], lis
 
 
 def quality(items: list[Any], results: list[Any], seconds: list[float]) -> dict[str, Any]:
-    from p2p.mining.evaluate import Tally, score_figure
+    from p2p.mining.lab.evaluate import Tally, score_figure
 
     tally = Tally()
     for (name, _, truth), result, secs in zip(items, results, seconds, strict=True):
@@ -216,8 +216,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lvlm.json")
     args = parser.parse_args()
 
+    from p2p.mining.lab.synth.dataset import write_dataset
     from p2p.mining.pipeline import CpuMiner
-    from p2p.mining.synth.dataset import write_dataset
 
     report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "faults": QUALITY_FAULTS}
     report["gpu_model"] = GPU_MODEL

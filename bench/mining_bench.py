@@ -89,9 +89,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mining.json")
     args = parser.parse_args()
 
-    from p2p.mining.eval_captions import evaluate_prostate
-    from p2p.mining.evaluate import cpu_miner, evaluate_folder, naive_reference
-    from p2p.mining.synth import write_dataset
+    from p2p.mining.lab.eval_captions import evaluate_prostate
+    from p2p.mining.lab.evaluate import cpu_miner, evaluate_folder, naive_reference
+    from p2p.mining.lab.synth import write_dataset
 
     report: dict[str, Any] = {
         "benchmark": "mining",

@@ -738,7 +738,7 @@ def resume_and_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def synthetic_text_batches(n_figures: int, per_batch: int) -> list[list[str]]:
     """The texts training meets, batch by batch: ``p2p synth`` captions (with their preamble),
     subcaptions and marker texts of ``n_figures`` figures, ``per_batch`` figures per batch."""
-    from p2p.mining.synth import generate_figure
+    from p2p.mining.lab.synth import generate_figure
 
     batches: list[list[str]] = []
     for start in range(0, n_figures, per_batch):

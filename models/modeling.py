@@ -311,6 +311,10 @@ def _instantiate(resolved: Mapping[str, Any], *, text_pretrained: bool) -> torch
     from open_clip.model import set_model_preprocess_cfg
     from open_clip.transform import PreprocessCfg, merge_preprocess_dict
 
+    from p2p.shared.hf_logging import quiet_expected_load_reports
+
+    quiet_expected_load_reports()
+
     cfg = copy.deepcopy(dict(resolved))
     preprocess_override = cfg.pop("preprocess_cfg", None) or {}
     custom_text = bool(cfg.pop("custom_text", False))

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from p2p.shared.errors import P2PError, error_body
+from p2p.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,23 @@ def _describe_validation(errors: list[Any]) -> tuple[str, str]:
         if err.get("type") == "extra_forbidden":
             error_type = "unknown_field"
     return "; ".join(parts), error_type
+
+
+def startup_notice(settings: Settings, service: str) -> str:
+    """What a service says when it starts: where its data lives, and loudly when keys are off."""
+    parts = [
+        f"profile={settings.profile}",
+        "database=embedded PostgreSQL" if settings.embedded_db else "database=configured server",
+        "objects=local folder" if settings.embedded_store else f"objects=s3 {settings.s3.endpoint}",
+        "queue=in-process" if settings.embedded_queue else "queue=redis",
+    ]
+    if not settings.auth_required:
+        parts.append("AUTH DISABLED: API keys are off, every endpoint is open; bind to 127.0.0.1 only")
+    return f"{service}: " + ", ".join(parts)
+
+
+def log_startup(settings: Settings, service: str) -> None:
+    log.log(logging.INFO if settings.auth_required else logging.WARNING, startup_notice(settings, service))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
+from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, computed_field, model_validator
 
 from p2p.shared.db.models import (
     BatchItemStatus,
@@ -93,28 +94,45 @@ class ArticlePublic(BaseModel):
     license_group: LicenseGroup
 
 
+CROPS_PREFIX = "/v1/crops/"
+
+
+def crop_url(key: str | None) -> str | None:
+    """Where both APIs serve a stored figure image or crop (``GET /v1/crops/{key}``)."""
+    return CROPS_PREFIX + quote(key, safe="/") if key else None
+
+
 class RegionPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: uuid.UUID
-    box_in_panel: list[float]
-    box_in_figure: list[float]
+    panel_id: uuid.UUID
+    ordinal: int
+    box_in_panel: list[float] = Field(description="[x0, y0, x1, y1] in the panel's crop pixels.")
+    box_in_figure: list[float] = Field(description="[x0, y0, x1, y1] in figure pixels.")
     kind: RegionKind
     marker_type: str | None
-    crop_key: str | None
-    caption_text: str | None
-    description: str | None
+    crop_key: str | None = Field(description="Object key; its crop_url works on either API.")
+    caption_text: str | None = Field(description="The caption pathway's text for the region.")
+    description: str | None = Field(description="The described text (LVLM backend), else null.")
     confidence: float | None
     provenance: dict[str, Any]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def crop_url(self) -> str | None:
+        return crop_url(self.crop_key)
 
 
 class PanelPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: uuid.UUID
+    figure_id: uuid.UUID
+    ordinal: int
     label: str | None
-    box: list[float]
-    crop_key: str | None
+    box: list[float] = Field(description="[x0, y0, x1, y1] in figure pixels.")
+    crop_key: str | None = Field(description="Object key; its crop_url works on either API.")
     subcaption: str | None
     description: str | None
     figure_type: str | None
@@ -122,6 +140,11 @@ class PanelPublic(BaseModel):
     confidence: float | None
     provenance: dict[str, Any]
     regions: list[RegionPublic]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def crop_url(self) -> str | None:
+        return crop_url(self.crop_key)
 
 
 class JobPublic(BaseModel):
@@ -146,6 +169,9 @@ class JobPublic(BaseModel):
 
 
 class FigurePublic(BaseModel):
+    """A figure with its article, panels and regions: the one shape of GET /v1/figures/{id} on the
+    ingest and the embedding API alike."""
+
     model_config = ConfigDict(from_attributes=True)
 
     id: uuid.UUID
@@ -166,6 +192,11 @@ class FigurePublic(BaseModel):
     article: ArticlePublic | None
     miner_version: str | None
     panels: list[PanelPublic]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def image_url(self) -> str:
+        return crop_url(self.object_key) or ""
 
 
 class FigureAccepted(BaseModel):

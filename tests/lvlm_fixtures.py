@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from p2p.mining.lab.synth.dataset import load_annotations, write_dataset
 from p2p.mining.pipeline import CpuMiner
-from p2p.mining.synth.dataset import load_annotations, write_dataset
 from p2p.shared.settings import LvlmSettings
 from tests.lvlm_sim import SimFaults, SimServer
 

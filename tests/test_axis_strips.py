@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from p2p.mining.cpu.axis_strips import return_axis_strips
+from p2p.mining.cpu.segmentation.axis_strips import return_axis_strips
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 IMAGE = (10, 10, 250, 300)  # a picture
@@ -76,9 +76,10 @@ def test_no_blank_columns_before_the_strip_no_move() -> None:
 
 
 def test_the_miner_hands_the_axis_text_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from p2p.mining.cpu.segmentation.segment import Segmentation
     from p2p.mining.pipeline import CpuMiner
 
-    monkeypatch.setattr("p2p.mining.cpu.segment.segment_panels", lambda image, named=None: _as_found())
+    monkeypatch.setattr("p2p.mining.pipeline.segment_figure", lambda image, **_: Segmentation(_as_found()))
     result = CpuMiner(load_text_encoder=False).mine(_figure(), "A picture and a plot.")
     assert [p.box[0] for p in result.panels] == [10.0, pytest.approx(STRIP[0], abs=1)]
     assert result.panels[0].box[2] == 250.0

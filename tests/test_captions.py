@@ -1,4 +1,4 @@
-"""Caption splitting (p2p.mining.captions) and its evaluator (p2p.mining.eval_captions).
+"""Caption splitting (p2p.mining.captions) and its evaluator (p2p.mining.lab.eval_captions).
 
 Every caption here is written for the test; nothing is read from shared data.
 """
@@ -18,7 +18,7 @@ from p2p.mining.captions import (
     split_caption,
     to_prostate_convention,
 )
-from p2p.mining.eval_captions import (
+from p2p.mining.lab.eval_captions import (
     _score,
     evaluate_prostate,
     evaluate_real_figures,

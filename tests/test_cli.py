@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -59,6 +60,18 @@ def test_ingest_every_kind_of_path(cli_env: Path, tmp_path: Path, db: Engine) ->
 
     again = runner.invoke(app, ["ingest", str(loose / "one.png")])
     assert again.exit_code == 0 and "ingested 0, duplicates 1" in said(again)
+    # one progress report for the whole call, not one per image or source (output is not a terminal:
+    # the report is a line, printed when the bar ends)
+    assert re.findall(r"^ingest: \d+/\d+ \(100%\)", result.output, re.M) == ["ingest: 8/8 (100%)"]
+    assert not re.search(r"^(one|two)\.png", result.output, re.M)
+
+    rerun = runner.invoke(app, ["ingest", str(manifest_dir)])
+    assert "ingested 0, duplicates 2" in said(rerun)
+    status = runner.invoke(app, ["status"])
+    assert status.exit_code == 0
+    assert "and 1 re-run batches that found only figures already stored" in said(status)
+    assert said(status).count("│ succeeded │") == 3  # manifest, package, shard; the re-run is folded
+    assert "…" not in status.output  # piped, the table is wide enough not to cut its cells
 
 
 def test_ingest_reports_bad_paths(cli_env: Path, tmp_path: Path, db: Engine) -> None:
@@ -123,7 +136,8 @@ def test_demo_runs_on_the_embedded_profile(monkeypatch: pytest.MonkeyPatch) -> N
         assert "training the small hierarchical CLIP model for 3 steps" in said(result)
         assert "completed" in said(result) and "trained beats untrained on" in said(result)
         assert "trained by the demo run" in said(result)
-        assert "search 'fluorescence micrograph of cells' (panels):" in said(result)
+        assert "search 'fluorescence micrograph of cells' (panels), best 3:" in said(result)
+        assert "demo phases: ingest and mining" in said(result)
         objects = list((data_dir / "objects" / "figures").rglob("*.*"))
         assert len(objects) == 26
         rerun = runner.invoke(app, ["demo", "--no-serve", *small])
@@ -213,3 +227,32 @@ def test_cost_sums_lvlm_requests_per_figure_and_stage(cli_env: Path, db: Engine)
     assert row["stages"]["panels"]["requests"] == 10 and row["stages"]["describe"]["requests"] == 14
     table = runner.invoke(app, ["cost"])
     assert table.exit_code == 0 and "per figure: 12.0 requests" in said(table)
+
+
+def test_cost_of_the_cpu_backend_is_its_time_per_stage(cli_env: Path, db: Engine) -> None:
+    from sqlalchemy.orm import Session
+
+    from p2p.shared.db.models import Figure, JobStatus, MiningJob
+
+    timings = [{"segment": 0.25, "labels": 0.05, "markers": 0.1}, {"segment": 0.35, "labels": 0.15}]
+    with Session(db) as session:
+        for i, stage_timings in enumerate(timings):
+            figure = Figure(
+                image_sha256=f"{i + 7:064d}", caption_sha256="c" * 64, object_key=f"figures/c{i}",
+                byte_size=1, width=10, height=10, format="PNG", source="test",
+            )  # fmt: skip
+            session.add(figure)
+            session.flush()
+            session.add(
+                MiningJob(
+                    figure_id=figure.id, backend="cpu", miner_version="cpu-3", status=JobStatus.SUCCEEDED,
+                    cost={}, stage_timings=stage_timings,
+                )
+            )  # fmt: skip
+        session.commit()
+    (row,) = json.loads(runner.invoke(app, ["cost", "--json"]).output)
+    assert row["stage_seconds"] == {"segment": 0.6, "labels": 0.2, "markers": 0.1}
+    table = runner.invoke(app, ["cost"])
+    assert table.exit_code == 0
+    text = said(table)
+    assert "no model tokens" in text and "segment │ 0.6 │ 300.0" in text and "total │ 0.9 │ 450.0" in text

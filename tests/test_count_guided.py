@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2p.mining.cpu import count_guided, seam_net
-from p2p.mining.cpu.count_guided import merge_to_count, split_to_count
-from p2p.mining.cpu.segment import ink_mask, segment_panels
+from p2p.mining.cpu.segmentation import count_guided, seam_net
+from p2p.mining.cpu.segmentation.count_guided import merge_to_count, split_to_count
+from p2p.mining.cpu.segmentation.segment import ink_mask, segment_panels
+from p2p.mining.lab.synth.figure import generate_figure
+from p2p.mining.params import load_params
 from p2p.mining.pipeline import CpuMiner
-from p2p.mining.synth.figure import generate_figure
 from p2p.shared import geometry
 
 # four touching photographs (0-px gutters): the rules and the seam splitter find three boxes
@@ -44,7 +45,7 @@ def test_the_caption_count_cuts_the_panels_left_together(
     assert len(guided) == len(truth)
     assert _matched([p.box for p in guided], truth) == len(truth) > _matched(alone, truth)
     # the parts found this way say they are less sure than the rules' panels
-    assert min(p.confidence for p in guided) == count_guided.SPLIT_CONFIDENCE
+    assert min(p.confidence for p in guided) == load_params().count_guided.split_confidence
 
 
 def test_a_box_of_two_panels_is_cut_into_those_two(touching: tuple[np.ndarray, list[geometry.Box]]) -> None:
@@ -55,7 +56,7 @@ def test_a_box_of_two_panels_is_cut_into_those_two(touching: tuple[np.ndarray, l
     boxes, confidence = split_to_count(rgb, ink_mask(rgb), [both, *rest], [0.9] * len(truth[1:]), len(truth))
     assert len(boxes) == len(truth)
     assert boxes[1 : len(rest) + 1] == rest  # the other panels are left alone
-    split = count_guided.SPLIT_CONFIDENCE
+    split = load_params().count_guided.split_confidence
     assert confidence == [split, *[0.9] * len(rest), split]
     cut = [boxes[0], boxes[-1]]
     assert _matched([(float(x[0]), float(x[1]), float(x[2]), float(x[3])) for x in cut], [a, b]) == 2
@@ -69,7 +70,7 @@ def test_no_cut_when_the_caption_names_no_more_panels_than_were_found(
     assert split_to_count(rgb, ink_mask(rgb), boxes, [0.9, 0.9], 2) == (boxes, [0.9, 0.9])
     assert split_to_count(rgb, ink_mask(rgb), boxes, [0.9, 0.9], 1) == (boxes, [0.9, 0.9])
     # a "count" beyond any figure's is no count (a caption listing fifty numbered items)
-    too_many = count_guided.MAX_NAMED + 1
+    too_many = load_params().count_guided.max_named + 1
     assert split_to_count(rgb, ink_mask(rgb), boxes, [0.9, 0.9], too_many) == (boxes, [0.9, 0.9])
 
 
@@ -118,7 +119,7 @@ def test_the_halves_of_one_panel_are_joined_when_the_caption_names_fewer() -> No
     other = (10, 220, 300, 400)
     boxes, confidence = merge_to_count([halves[0], other, halves[1]], [0.9, 0.9, 0.7], 2, maps=WEAK)
     assert boxes == [(10, 10, 300, 200), other]
-    assert confidence == [count_guided.SPLIT_CONFIDENCE, 0.9]
+    assert confidence == [load_params().count_guided.split_confidence, 0.9]
 
 
 def test_boxes_that_do_not_fill_their_joint_box_stay_apart() -> None:
@@ -155,7 +156,7 @@ def test_segmentation_joins_towards_a_smaller_count(touching: tuple[np.ndarray, 
     found = segment_panels(rgb)
     joined = segment_panels(rgb, named=len(found) - 1)
     assert len(joined) == len(found) - 1
-    assert sum(1 for p in joined if p.confidence == count_guided.SPLIT_CONFIDENCE) == 1
+    assert sum(1 for p in joined if p.confidence == load_params().count_guided.split_confidence) == 1
 
 
 # Pieces without a label (join_unlabelled): every label the caption names is on a box already.
@@ -191,7 +192,7 @@ def test_a_join_reaching_into_another_panel_is_not_made() -> None:
 
 
 def test_the_miner_joins_a_plot_cut_at_its_axis(monkeypatch: pytest.MonkeyPatch) -> None:
-    import p2p.mining.cpu.segment as segment
+    import p2p.mining.cpu.segmentation.segment as segment
 
     image = np.full((320, 420, 3), 255, np.uint8)
     image[20:300, 120:400] = 90  # the plot's area
@@ -204,10 +205,12 @@ def test_the_miner_joins_a_plot_cut_at_its_axis(monkeypatch: pytest.MonkeyPatch)
         segment.PanelCandidate(box=(60.0, 20.0, 118.0, 300.0), confidence=0.9),
         segment.PanelCandidate(box=(120.0, 20.0, 400.0, 300.0), confidence=0.9),
     ]
-    monkeypatch.setattr("p2p.mining.cpu.segment.segment_panels", lambda image, named=None: list(found))
+    monkeypatch.setattr(
+        "p2p.mining.pipeline.segment_figure", lambda image, **_: segment.Segmentation(list(found))
+    )
     reads = ["A", None, "B"]
-    monkeypatch.setattr("p2p.mining.cpu.labels.find_labels", lambda image, panels: [])
-    monkeypatch.setattr("p2p.mining.cpu.labels.assign_labels", lambda panels, detections: list(reads))
+    monkeypatch.setattr("p2p.mining.pipeline.find_labels", lambda image, panels, **_: [])
+    monkeypatch.setattr("p2p.mining.pipeline.assign_labels", lambda panels, detections, **_: list(reads))
     result = CpuMiner(load_text_encoder=False).mine(image, "(A) Scheme. (B) Plot.")
     assert [(p.box, p.label) for p in result.panels] == [
         ((10.0, 10.0, 50.0, 300.0), "A"),

@@ -122,6 +122,11 @@ def test_without_an_active_version_embeds_work_and_search_says_no_space_is_ready
             paths
         )
         assert "multipart/form-data" in paths["/v1/search"]["post"]["requestBody"]["content"]
+        search_body = paths["/v1/search"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert "$defs" not in json.dumps(search_body)  # self-contained: no reference points nowhere
+        filter_keys = set(search_body["properties"]["filters"]["properties"])
+        assert {"figure_id", "article_id", "figure_type", "license_group", "year_min"} <= filter_keys
+        assert search_body["properties"]["offset"]["description"]
 
         body = client.post("/v1/embed/texts", json={"texts": ["liver section", "kidney"]}).json()
         assert body["model"]["version_id"] is None and body["dim"] == 384
@@ -425,6 +430,34 @@ def test_search_by_stored_item_uploaded_image_and_box(corpus: Corpus) -> None:
     assert_error(image_search(k="0"), 422, "k_out_of_range")
     not_image = client.post("/v1/search", files={"image": ("x.png", b"GIF89a but not really")})
     assert_error(not_image, 422, "not_an_image")
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_both_apis_answer_one_figure_shape_and_serve_its_crops(corpus: Corpus) -> None:
+    """GET /v1/figures/{id} is one schema on :8000 and :8001, and every crop key or URL it names
+    is served by the crop route of both."""
+    with TestClient(create_ingest_app(runtime=corpus.runtime)) as ingest:
+        for figure_id in corpus.figure_ids:
+            on_ingest = ingest.get(f"/v1/figures/{figure_id}").json()
+            on_embedding = corpus.client.get(f"/v1/figures/{figure_id}").json()
+            assert on_ingest == on_embedding
+            listed = next(f for f in ingest.get("/v1/figures").json() if f["id"] == figure_id)
+            assert listed == on_ingest
+            panels = on_ingest["panels"]
+            regions = [r for p in panels for r in p["regions"]]
+            assert panels and regions
+            keys = [on_ingest["object_key"]] + [i["crop_key"] for i in panels + regions]
+            urls = [on_ingest["image_url"]] + [i["crop_url"] for i in panels + regions]
+            assert urls == [f"/v1/crops/{key}" for key in keys]
+            for client in (ingest, corpus.client):
+                for url in urls[:3]:
+                    crop = client.get(url)
+                    assert crop.status_code == 200 and crop.headers["content-type"].startswith("image/")
+            assert_error(ingest.get("/v1/crops/uploads/abc/package.tar.gz"), 404, "not_found")
+        for client in (ingest, corpus.client):
+            answer = client.get("/openapi.json").json()["paths"]["/v1/figures/{figure_id}"]["get"]
+            schema = answer["responses"]["200"]["content"]["application/json"]["schema"]
+            assert schema["$ref"] == "#/components/schemas/FigurePublic"
 
 
 @pytest.mark.parametrize("store_kind", ["local"], indirect=True)

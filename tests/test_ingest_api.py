@@ -207,3 +207,51 @@ def test_openapi_documents_the_upload(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert "/v1/figures" in spec["paths"] and "/v1/batches" in spec["paths"]
     assert "multipart/form-data" in spec["paths"]["/v1/figures"]["post"]["requestBody"]["content"]
+
+
+NESTED = "--------------------------4ef8fdccdc48a815"
+
+
+@pytest.mark.parametrize(
+    "caption",
+    [
+        f"{NESTED}--\r\n",  # what curl -F "caption=(A) ..." sends: an empty nested multipart
+        f"{NESTED}\r\nContent-Type: text/plain\r\n\r\n(A) Liver\r\n{NESTED}--\r\n",
+    ],
+)
+def test_caption_that_is_a_multipart_body_is_refused(
+    client: TestClient, runtime: Runtime, caption: str
+) -> None:
+    response = upload(client, image_bytes(seed=41), caption=caption)
+    assert_error(response, 422, "invalid_caption")
+    assert "--form-string" in response.json()["error"]["message"]
+    assert row_counts(runtime.engine)["figure"] == 0 and object_count(runtime.store) == 0
+
+
+def test_caption_sent_as_a_file_part_is_refused(client: TestClient, runtime: Runtime) -> None:
+    response = client.post(
+        "/v1/figures",
+        files={
+            "image": ("fig.png", image_bytes(seed=42), "image/png"),
+            "caption": ("caption.txt", b"(A) Liver; (B) kidney", "text/plain"),
+        },
+    )
+    assert_error(response, 422, "validation_error")
+    assert response.json()["error"]["message"].startswith("caption:")
+    twice = client.post(
+        "/v1/figures",
+        files=[
+            ("image", ("fig.png", image_bytes(seed=42), "image/png")),
+            ("caption", (None, b"(A) Liver")),
+            ("caption", (None, b"(B) Kidney")),
+        ],
+    )
+    assert_error(twice, 422, "invalid_caption")
+    assert row_counts(runtime.engine)["figure"] == 0 and object_count(runtime.store) == 0
+
+
+def test_caption_with_semicolons_and_a_leading_label_is_stored_verbatim(client: TestClient) -> None:
+    caption = "(A) Liver; H&E. (B) Kidney; --not a boundary-- (C) -- see text"
+    response = upload(client, image_bytes(seed=43), caption=caption)
+    assert response.status_code == 202, response.text
+    assert client.get(f"/v1/figures/{response.json()['figure_id']}").json()["caption"] == caption

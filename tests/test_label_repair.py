@@ -43,10 +43,10 @@ def test_no_sequence_or_no_readings_changes_nothing() -> None:
 
 
 def test_miner_takes_the_sequence_from_the_caption_not_from_the_readings() -> None:
-    from p2p.mining.pipeline import CpuMiner
+    from p2p.mining.pipeline import repair_labels
 
     caption = "(a) Blot. (b) Plot. (c) CT image. (d) MRI scan."
-    assert CpuMiner._repair_labels(caption, ["a", None, "3", "d"]) == ["a", "b", "c", "d"]
+    assert repair_labels(caption, ["a", None, "3", "d"]) == ["a", "b", "c", "d"]
 
 
 def test_a_reading_in_the_other_case_is_the_captions_label() -> None:
@@ -71,7 +71,7 @@ def test_only_letters_whose_cases_look_alike_are_taken_for_the_other_case() -> N
 
 
 def test_panels_labelled_column_by_column_are_repaired_down_the_columns() -> None:
-    from p2p.mining.pipeline import CpuMiner, in_reading_order
+    from p2p.mining.pipeline import in_reading_order, repair_labels
     from p2p.mining.types import PanelCandidate
 
     # a 2x3 grid (row-major boxes) labelled down the columns: A B | C D | E F; C was not read
@@ -80,6 +80,6 @@ def test_panels_labelled_column_by_column_are_repaired_down_the_columns() -> Non
     panels, labels = in_reading_order([PanelCandidate(box=b, confidence=0.9) for b in boxes], read)
     assert [p.box[:2] for p in panels] == [(0, 0), (0, 100), (100, 0), (100, 100), (200, 0), (200, 100)]
     caption = "(A) a. (B) b. (C) c. (D) d. (E) e. (F) f."
-    assert CpuMiner._repair_labels(caption, labels) == ["A", "B", "C", "D", "E", "F"]
+    assert repair_labels(caption, labels) == ["A", "B", "C", "D", "E", "F"]
     # in row-first order the same readings do not run as the caption's series: nothing is filled
-    assert CpuMiner._repair_labels(caption, read) == read
+    assert repair_labels(caption, read) == read

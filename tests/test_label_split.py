@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from p2p.mining.cpu.label_split import split_at_labels
+from p2p.mining.cpu.labels.split import split_at_labels
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 W, H = 600, 300  # two touching 300 x 300 fields side by side (or, turned, one above the other)
@@ -107,7 +107,7 @@ def test_labels_printed_outside_the_panels_say_nothing() -> None:
 
 
 def test_the_miner_returns_touching_panels_of_one_tone_apart() -> None:
-    from p2p.mining.cpu.segment import segment_panels
+    from p2p.mining.cpu.segmentation.segment import segment_panels
     from p2p.mining.pipeline import CpuMiner
 
     image = _fields(side_by_side=True)

@@ -7,10 +7,10 @@ import cv2
 import numpy as np
 import pytest
 
-from p2p.mining.cpu.label_trim import trim_labels
-from p2p.mining.cpu.segment import segment_panels
+from p2p.mining.cpu.labels.trim import trim_labels
+from p2p.mining.cpu.segmentation.segment import Analysis, segment_figure
+from p2p.mining.lab.synth.figure import generate_figure
 from p2p.mining.pipeline import CpuMiner
-from p2p.mining.synth.figure import generate_figure
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared import geometry
 
@@ -173,7 +173,7 @@ def test_a_misread_label_at_the_edge_still_leaves_the_box() -> None:
     assert out[0].box == _plot_alone((40, 70, 300, 260))
 
 
-def _plot_over_image(joined: bool) -> tuple[np.ndarray, PanelCandidate]:
+def _plot_over_image(joined: bool) -> tuple[np.ndarray, PanelCandidate, Analysis | None]:
     """A plot above an image whose blurred top edge the plot's box reaches into (the seam
     placed in the blur): specks along the box's bottom, joined to the image, and to the plot's
     frame when ``joined``."""
@@ -182,19 +182,21 @@ def _plot_over_image(joined: bool) -> tuple[np.ndarray, PanelCandidate]:
     rgb[203:290, 20:380] = np.random.default_rng(1).integers(30, 150, (87, 360, 3), dtype=np.uint8)
     rgb[201, 20:380:9] = 200
     rgb[202, 20:380] = 200
-    segment_panels(rgb)  # the segmenter's analysis holds the ink's components
-    return rgb, _candidate(_ink_box(rgb, (0, 0, 400, 202)))
+    analysis = segment_figure(rgb).analysis  # the segmenter's analysis holds the ink's components
+    return rgb, _candidate(_ink_box(rgb, (0, 0, 400, 202))), analysis
 
 
 def test_a_neighbouring_image_blurred_into_the_box_is_not_the_panels_ink() -> None:
-    rgb, box = _plot_over_image(joined=False)
+    rgb, box, analysis = _plot_over_image(joined=False)
     assert box.box[3] == 202 and box.box[0] == 20
-    assert trim_labels(rgb, [box], [None], []) == [PanelCandidate(box=_plot_alone((40, 40, 300, 160)))]
+    assert trim_labels(rgb, [box], [None], [], analysis=analysis) == [
+        PanelCandidate(box=_plot_alone((40, 40, 300, 160)))
+    ]
 
 
 def test_a_frame_the_blur_joins_to_the_neighbour_stays() -> None:
-    rgb, box = _plot_over_image(joined=True)
-    out = trim_labels(rgb, [box], [None], [])
+    rgb, box, analysis = _plot_over_image(joined=True)
+    out = trim_labels(rgb, [box], [None], [], analysis=analysis)
     assert out[0].box[1] == _plot_alone((40, 40, 300, 200))[1]
     assert out[0].box[3] >= 201
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from p2p.mining.cpu.labels import assign_labels, find_labels, normalize_label, reading_order
-from p2p.mining.cpu.segment import segment_panels
+from p2p.mining.cpu.labels.read import assign_labels, find_labels, normalize_label, reading_order
+from p2p.mining.cpu.segmentation.segment import segment_figure, segment_panels
+from p2p.mining.params import load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 FONT_DIR = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
@@ -32,7 +33,7 @@ def panel(box: tuple[float, float, float, float]) -> PanelCandidate:
 def recogniser_input(pil: Image.Image) -> np.ndarray:
     """The recogniser's input for a label printed black on white in ``pil``: its ink's box,
     prepared as the OCR stage prepares a crop."""
-    from p2p.mining.cpu.labels import _prepare_crop
+    from p2p.mining.cpu.labels.read import _prepare_crop
 
     grey = np.asarray(pil)
     ys, xs = np.nonzero(grey < 128)
@@ -214,7 +215,7 @@ def test_clear_reading_off_the_series_rank_takes_the_series_case() -> None:
 
 
 def test_second_look_reads_other_preparations_in_the_figures_style() -> None:
-    import p2p.mining.cpu.labels as labels_module
+    import p2p.mining.cpu.labels.read as labels_module
 
     class Recogniser:
         """Reads "1" (a "1d" whose "d" the opened gaps split) unless the crop is prepared
@@ -237,12 +238,12 @@ def test_second_look_reads_other_preparations_in_the_figures_style() -> None:
     ]
     first = [*clear, (3, detection("1", (150.0, 10.0, 170.0, 22.0), 0.9))]
     engine = Recogniser()
-    got = labels_module._second_look(engine, gray, [cand], first)  # type: ignore[arg-type]
+    got = labels_module._second_look(engine, gray, [cand], first, load_params().labels)  # type: ignore[arg-type]
     assert engine.calls == 1
     assert sorted(d.text for _, d in got) == ["1a", "1b", "1c", "1d"]
     # a figure without two clear readings to tell its style is not read again
     engine = Recogniser()
-    assert labels_module._second_look(engine, gray, [cand], first[3:]) == first[3:]  # type: ignore[arg-type]
+    assert labels_module._second_look(engine, gray, [cand], first[3:], load_params().labels) == first[3:]  # type: ignore[arg-type]
     assert engine.calls == 0
 
 
@@ -321,7 +322,7 @@ def test_find_labels_without_panels_or_text() -> None:
 def test_text_detector_looks_at_every_panel_without_a_reading(monkeypatch: pytest.MonkeyPatch) -> None:
     # segmentation may swallow the labels' strip into the panels: then most panels have no
     # reading from the glyph searches, and each of them still gets the detector's look
-    import p2p.mining.cpu.labels as labels_module
+    import p2p.mining.cpu.labels.read as labels_module
 
     boxes = [(10 + 130 * c, 10 + 130 * r, 130 + 130 * c, 130 + 130 * r) for r in range(2) for c in range(3)]
     pil, _ = textured_figure((410, 280), boxes, 120, seed=3)
@@ -436,14 +437,14 @@ def test_ocr_reads_small_downscaled_parenthesised_labels_on_grey_images() -> Non
     """The thresholded cores of such glyphs are broken strokes: the corner search grows the group
     across both parentheses and the crop keeps the glyphs' grey edges."""
     image, panels = small_grey_labels_figure()
-    segment_panels(image)  # the label search reuses the segmenter's analysis, as in the miner
-    assert assign_labels(panels, find_labels(image, panels)) == ["c", "d", "e"]
+    analysis = segment_figure(image).analysis  # the label search reuses it, as in the miner
+    assert assign_labels(panels, find_labels(image, panels, analysis=analysis)) == ["c", "d", "e"]
 
 
 def test_repeated_thin_strokes_of_roman_numerals_are_counted() -> None:
     """The recogniser merges repeated i's ("iii" -> "i"); the glyph shapes in the crop give the
     count back."""
-    from p2p.mining.cpu.labels import _count_strokes
+    from p2p.mining.cpu.labels.read import _count_strokes
 
     def crop_of(text: str, face: str = "DejaVuSerif.ttf") -> np.ndarray:
         """The recogniser's input for a printed label: glyphs scaled to one height, gaps opened."""
@@ -472,8 +473,8 @@ def test_labels_in_one_corner_beside_overlay_text_in_another() -> None:
         draw.text((x2 - 40, 14), "x20", fill=(255, 255, 255), font=font(14))
     image = np.asarray(pil).copy()
     panels = [panel(tuple(float(v) for v in b)) for b in boxes]  # type: ignore[arg-type]
-    segment_panels(image)
-    assert assign_labels(panels, find_labels(image, panels)) == ["a", "b"]
+    analysis = segment_figure(image).analysis
+    assert assign_labels(panels, find_labels(image, panels, analysis=analysis)) == ["a", "b"]
 
 
 def test_ocr_reads_small_jpeg_labels_on_dark_discs() -> None:
@@ -533,12 +534,12 @@ def test_readings_exactly_at_their_ranks_outweigh_confusions_in_choosing_the_ord
     """Numerals labelled column by column: "i", "ii", "iii" down the first column are exactly the
     column order's labels; the row order explains as many readings only as confusions ("1" for
     "iii", "V" for "vi"), which count half."""
-    from p2p.mining.cpu.labels import _repair_sequence
+    from p2p.mining.cpu.labels.read import _repair_sequence
 
     orders = [[0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 6, 2, 3, 7, 4, 5, 8]]
     texts = {0: "i", 6: "iii", 3: "V", 2: "1", 1: "ii", 8: "X", 5: "V", 7: "I", 4: "i"}
     confidence = {0: 0.85, 6: 0.45, 3: 0.85, 2: 0.09, 1: 0.4, 8: 0.7, 5: 0.19, 7: 0.25, 4: 0.53}
-    got = _repair_sequence(orders, texts, confidence)
+    got = _repair_sequence(orders, texts, confidence, load_params().labels.strong_score)
     assert got == {0: "i", 1: "ii", 6: "iii", 2: "iv", 3: "v", 8: "ix"}
 
 
@@ -578,7 +579,7 @@ def test_a_reading_of_the_figures_kind_wins_its_panel_over_a_speck_of_another() 
 
 def test_figure_number_labels_and_digits_are_one_kind() -> None:
     """OCR reads "3c" as "30": a digit reading is of the kind of "1a" labels, no speck."""
-    from p2p.mining.cpu.labels import _in_style
+    from p2p.mining.cpu.labels.read import _in_style
 
     assert _in_style("30", "3+lower") and _in_style("3a", "digit")
     assert not _in_style("40", "upper") and not _in_style("R", "roman")
@@ -587,7 +588,7 @@ def test_figure_number_labels_and_digits_are_one_kind() -> None:
 def test_numeral_i_s_joined_by_their_serifs_are_counted_from_the_dots() -> None:
     """Bold serif "iii" set tight: the serifs join the stems into one shape; the dots still
     stand apart and give the count."""
-    from p2p.mining.cpu.labels import _count_strokes
+    from p2p.mining.cpu.labels.read import _count_strokes
 
     def tight(text: str) -> np.ndarray:
         pil = Image.new("L", (120, 32), 255)
@@ -624,17 +625,18 @@ def test_a_label_in_the_top_left_corner_beats_one_in_another_corner() -> None:
 def test_a_thin_letter_between_parentheses_is_read_alone(text: str, name: str) -> None:
     """The recogniser swallows a thin letter between parentheses ("(I)" -> "()", "(J)" -> "(D"):
     the letter is read again without them (its parentheses kept in the raw reading)."""
-    from p2p.mining.cpu.labels import _Candidate, _engine, _read
+    from p2p.mining.cpu.labels.read import _Candidate, _engine, _read
 
     pil = Image.new("L", (140, 60), 255)
     ImageDraw.Draw(pil).text((5, 3), text, font=font(28, name), fill=0)
     crop = recogniser_input(pil)
-    [(_, det)] = _read(_engine(), [_Candidate(box=(5, 3, 50, 35), crop=crop, panel=0, prior=0.9)])
+    candidate = _Candidate(box=(5, 3, 50, 35), crop=crop, panel=0, prior=0.9)
+    [(_, det)] = _read(_engine(), [candidate], load_params().labels.min_score)
     assert (det.text, det.raw) == (text[1], text)
 
 
 def test_thin_letters_are_no_parentheses() -> None:
-    from p2p.mining.cpu.labels import _without_parentheses
+    from p2p.mining.cpu.labels.read import _without_parentheses
 
     for text in ("II", "(A"):
         pil = Image.new("L", (140, 60), 255)
@@ -646,12 +648,12 @@ def test_thin_letters_are_no_parentheses() -> None:
 def test_a_lone_capital_i_scores_as_a_thin_stroke(size: int) -> None:
     """The recogniser splits a lone stroke's probability among "I", "l", "1" and "|": the score
     of the reading is that of the shape, which the series settles."""
-    from p2p.mining.cpu.labels import STRONG_SCORE, _engine
+    from p2p.mining.cpu.labels.read import _engine
 
     pil = Image.new("L", (80, 60), 255)
     ImageDraw.Draw(pil).text((5, 3), "I", font=font(size), fill=0)
     [(text, score)] = _engine().read([recogniser_input(pil)])
-    assert text == "I" and score >= STRONG_SCORE
+    assert text == "I" and score >= load_params().labels.strong_score
 
 
 def test_a_lone_stroke_where_the_series_expects_another_letter_gives_way() -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RULES = frozenset({"C901", "PLR0912", "PLR0915"})
 
-# The baseline when the rules were turned on (2026-11-27). Shrink it with the pyproject entries;
+# The baseline when the rules were turned on (2026-11-27), with the mining files under the names
+# the stage layout gave them (issue 19; imaging.py holds functions moved out of segment.py, and the
+# miner's stage pipeline left pipeline.py below the limits). Shrink it with the pyproject entries;
 # never add to it: split the function instead.
 ORIGINAL: dict[str, set[str]] = {
     "bench/embed_bench.py": {"PLR0915"},
@@ -25,23 +27,23 @@ ORIGINAL: dict[str, set[str]] = {
     "services/ingest/sources/pmc.py": {"C901"},
     "services/ingest/sources/webdataset.py": {"C901"},
     "services/mining/captions.py": {"C901", "PLR0912", "PLR0915"},
-    "services/mining/cpu/eval_markers.py": {"C901", "PLR0915"},
-    "services/mining/cpu/label_split.py": {"C901", "PLR0915"},
-    "services/mining/cpu/labels.py": {"C901"},
-    "services/mining/cpu/markers.py": {"C901", "PLR0912", "PLR0915"},
+    "services/mining/lab/eval_markers.py": {"C901", "PLR0915"},
+    "services/mining/cpu/labels/split.py": {"C901", "PLR0915"},
+    "services/mining/cpu/imaging.py": {"C901", "PLR0915"},
+    "services/mining/cpu/labels/read.py": {"C901"},
+    "services/mining/cpu/markers/rules.py": {"C901", "PLR0912", "PLR0915"},
     "services/mining/cpu/panel_type.py": {"PLR0915"},
-    "services/mining/cpu/seams.py": {"PLR0915"},
-    "services/mining/cpu/segment.py": {"C901", "PLR0912", "PLR0915"},
-    "services/mining/cpu/train_panel_type.py": {"C901", "PLR0912", "PLR0915"},
+    "services/mining/cpu/segmentation/seams.py": {"PLR0915"},
+    "services/mining/cpu/segmentation/segment.py": {"C901", "PLR0912", "PLR0915"},
+    "services/mining/lab/train_panel_type.py": {"C901", "PLR0912", "PLR0915"},
     "services/mining/jobs.py": {"PLR0915"},
     "services/mining/label_repair.py": {"C901"},
     "services/mining/lvlm/coords.py": {"C901", "PLR0912"},
     "services/mining/lvlm/miner.py": {"C901", "PLR0912", "PLR0915"},
     "services/mining/lvlm/parse.py": {"C901", "PLR0912", "PLR0915"},
-    "services/mining/pipeline.py": {"C901", "PLR0912", "PLR0915"},
-    "services/mining/synth/captions.py": {"C901", "PLR0912", "PLR0915"},
-    "services/mining/synth/charts.py": {"C901", "PLR0912", "PLR0915"},
-    "services/mining/synth/figure.py": {"C901", "PLR0912", "PLR0915"},
+    "services/mining/lab/synth/captions.py": {"C901", "PLR0912", "PLR0915"},
+    "services/mining/lab/synth/charts.py": {"C901", "PLR0912", "PLR0915"},
+    "services/mining/lab/synth/figure.py": {"C901", "PLR0912", "PLR0915"},
     "services/training/hierarchy.py": {"C901"},
     "services/training/jobs.py": {"C901", "PLR0912", "PLR0915"},
     "services/training/runner.py": {"C901", "PLR0912", "PLR0915"},

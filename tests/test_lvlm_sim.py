@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from p2p.mining.lab.synth.dataset import load_annotations, write_dataset
 from p2p.mining.lvlm.prompts import FigureContext, Mark, build_context, build_messages, load_prompt
 from p2p.mining.lvlm.schemas import ANSWERS, answer_schema
-from p2p.mining.synth.dataset import load_annotations, write_dataset
 from p2p.shared.geometry import from_inclusive
 from tests.lvlm_sim import DEFAULT_MODEL, FigureIndex, SimFaults, SimServer, locate
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from p2p.mining.cpu import marker_net
-from p2p.mining.cpu import markers as markers_module
-from p2p.mining.cpu.marker_net import (
+from p2p.mining.cpu.markers import net as marker_net
+from p2p.mining.cpu.markers import rules as markers_module
+from p2p.mining.cpu.markers.net import (
     KINDS,
     N_OUT,
     STRIDE,
@@ -30,8 +30,11 @@ from p2p.mining.cpu.marker_net import (
     save_fusion,
     save_weights,
 )
-from p2p.mining.cpu.markers import FUSION_FEATURES, detect_markers
+from p2p.mining.cpu.markers.rules import FUSION_FEATURES, detect_markers
+from p2p.mining.params import load_params
 from tests.helpers import run_module
+
+MP = load_params().markers  # the shipped fusion levels
 
 MARKERS: list[dict[str, Any]] = [
     {
@@ -194,7 +197,7 @@ def test_shipped_net_is_loaded_once():
 
 
 def test_flips_keep_markers_on_their_pixels():
-    from p2p.mining.cpu.train_marker_net import _flip
+    from p2p.mining.lab.train_marker_net import _flip
 
     arrow = MARKERS[0]
     (once,) = _flip([arrow], 160, 128, True, False)
@@ -213,10 +216,10 @@ def test_training_entry_point_smoke_and_deterministic(tmp_path):
     data, first, second = tmp_path / "figs", tmp_path / "a.pt", tmp_path / "b.pt"
     common = ["--data", str(data), "--figures", "3", "--data-seed", "100001", "--steps", "3", "--batch", "2",
               "--patch", "64", "--threads", "1", "--seed", "5"]  # fmt: skip
-    done = run_module("p2p.mining.cpu.train_marker_net", *common, "--out", str(first))
+    done = run_module("p2p.mining.lab.train_marker_net", *common, "--out", str(first))
     assert done.returncode == 0, done.stderr
     assert "step 3/3" in done.stdout
-    from p2p.mining.cpu.train_marker_net import main
+    from p2p.mining.lab.train_marker_net import main
 
     assert main([*common, "--out", str(second)]) == 0
     a, b = load_weights(first).state_dict(), load_weights(second).state_dict()
@@ -232,7 +235,7 @@ def test_training_entry_point_smoke_and_deterministic(tmp_path):
 
 
 def _recall(folder: Path, use_net: bool) -> tuple[float, float]:
-    from p2p.mining.cpu.eval_markers import evaluate
+    from p2p.mining.lab.eval_markers import evaluate
 
     report = evaluate(folder, use_net=use_net)
     return report.recall_lenient, report.precision
@@ -241,7 +244,7 @@ def _recall(folder: Path, use_net: bool) -> tuple[float, float]:
 def test_shipped_network_finds_what_the_rules_miss(tmp_path):
     """Figures of a development seed (the network was trained on seeds 100000+): the fused
     detector finds markers the rule-based one alone does not."""
-    from p2p.mining.synth.dataset import write_dataset
+    from p2p.mining.lab.synth.dataset import write_dataset
 
     write_dataset(tmp_path, 8, 7007)
     rules, rules_precision = _recall(tmp_path, use_net=False)
@@ -294,7 +297,7 @@ def test_fusion_trees_give_scikit_learns_probabilities():
     """The trees exported from scikit-learn, walked with numpy, give its probabilities."""
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    from p2p.mining.cpu import train_marker_net as tm
+    from p2p.mining.lab import train_marker_net as tm
 
     rng = np.random.default_rng(4)
     x = rng.normal(size=(300, len(FUSION_FEATURES)))
@@ -362,11 +365,11 @@ def test_the_miner_loads_the_fusion_model_at_start():
 
 def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the_levels_drop():
     """The hand-set fusion's choice stands but where the fusion model is sure: a marker kept on
-    the network's word goes below ``_VETO``, one the levels drop comes back at ``_RESCUE``; a
+    the network's word goes below ``veto``, one the levels drop comes back at ``rescue``; a
     rule-based marker the rules are sure of stays. One marker per glyph, the levels' first."""
     from dataclasses import replace
 
-    from p2p.mining.cpu.markers import _RESCUE, _VETO, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     sure = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
@@ -380,17 +383,17 @@ def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the
     assert _hand([sure, middling], net, (200, 300)) == [sure, middling, strong]
 
     def chosen(*p: float) -> list:
-        return _choose(found, cands, np.array(p))
+        return _choose(found, cands, np.array(p), MP)
 
     assert chosen(0.5, 0.5, 0.5, 0.5, 0.5) == [sure, middling, strong]
-    low = _VETO - 0.01
+    low = MP.veto - 0.01
     assert chosen(low, low, 0.3, low, 0.3) == [sure]  # vetoed: the middling star and the network's box
-    assert chosen(low, low, 0.3, low, _RESCUE) == [sure, weak]  # rescued: the weak peak
+    assert chosen(low, low, 0.3, low, MP.rescue) == [sure, weak]  # rescued: the weak peak
     # Rescued, but on the glyph of a kept marker: one marker.
-    assert chosen(0.5, 0.5, _RESCUE, 0.5, 0.5) == [sure, middling, strong]
+    assert chosen(0.5, 0.5, MP.rescue, 0.5, 0.5) == [sure, middling, strong]
     # A marker only the enlarged copy shows is the network's word too.
     found.rules[0] = enlarged = replace(sure, enlarged=True)
-    assert _choose(found, [enlarged, middling, *net], np.array([low, 0.5, 0.5, 0.5, 0.5])) == [
+    assert _choose(found, [enlarged, middling, *net], np.array([low, 0.5, 0.5, 0.5, 0.5]), MP) == [
         middling,
         strong,
     ]
@@ -399,14 +402,14 @@ def test_the_model_vetoes_what_only_the_network_vouched_for_and_rescues_what_the
 def test_a_rescued_candidate_needs_room_and_no_crowd_of_its_kind():
     """The model's rescue adds a candidate as the levels add the network's: not where a chosen
     marker explains it (ahead of an arrow's tip) and not among a crowd of peaks of its kind."""
-    from p2p.mining.cpu.markers import _NET_CROWD, _RESCUE, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 400, 3), 128, np.uint8))
     arrow = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
     ahead = _Cand("arrowhead", (66, 40, 76, 50), (71.0, 45.0), 0.2, region=(71.0, 40.0, 90.0, 55.0))
     alone = _Cand("arrowhead", (300, 150, 310, 160), (305.0, 155.0), 0.2, region=(305.0, 150.0, 325.0, 170.0))
     found = _Found(panel, panel, [arrow], [ahead, alone], None)
-    chosen = _choose(found, [arrow, ahead, alone], np.array([0.9, _RESCUE, _RESCUE]))
+    chosen = _choose(found, [arrow, ahead, alone], np.array([0.9, MP.rescue, MP.rescue]), MP)
     assert chosen == [arrow, alone]
 
     def star(i: int, score: float) -> _Cand:
@@ -416,15 +419,15 @@ def test_a_rescued_candidate_needs_room_and_no_crowd_of_its_kind():
         )
 
     weak = star(0, 0.2)
-    for n, expected in ((_NET_CROWD, [weak]), (_NET_CROWD + 1, [])):
+    for n, expected in ((MP.net_crowd, [weak]), (MP.net_crowd + 1, [])):
         net = [weak] + [star(i + 1, 0.6) for i in range(n)]
         found = _Found(panel, panel, [], net, None)
-        probability = np.array([_RESCUE] + [0.0] * n)  # the strong stars vetoed, the weak one rescued
-        assert _choose(found, net, probability) == expected
+        probability = np.array([MP.rescue] + [0.0] * n)  # the strong stars vetoed, the weak one rescued
+        assert _choose(found, net, probability, MP) == expected
 
 
 def test_fusion_features_measure_the_candidates_against_the_network(monkeypatch):
-    from p2p.mining.cpu.markers import _Cand, _Found, _Panel, fusion_features
+    from p2p.mining.cpu.markers.rules import _Cand, _Found, _Panel, fusion_features
 
     panel = _Panel(np.full((128, 160, 3), 128, np.uint8))
     heat = np.zeros((len(KINDS), 32, 40), np.float32)
@@ -451,7 +454,7 @@ def test_fusion_features_measure_the_candidates_against_the_network(monkeypatch)
 def test_detection_asks_the_fusion_model(monkeypatch):
     """An asterisk the network sees and a rule-based arrow the rules are sure of: the model can
     veto the network's asterisk, not the arrow."""
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     asterisk: dict[str, Any] = {
         "kind": "asterisk",
@@ -464,7 +467,7 @@ def test_detection_asks_the_fusion_model(monkeypatch):
     monkeypatch.setattr(marker_net, "run_net", lambda net, rgb: _as_output([asterisk], 128, 160))
     monkeypatch.setattr(marker_net, "shipped_net", lambda: None)
     monkeypatch.setattr(
-        markers_module, "_rule_cands", lambda panel, glyphs_only=False: [] if glyphs_only else [arrow]
+        markers_module, "_rule_cands", lambda panel, params, glyphs_only=False: [] if glyphs_only else [arrow]
     )
     figure = np.full((128, 160, 3), 128, np.uint8)
     monkeypatch.setattr(marker_net, "shipped_fusion", lambda: _stump("heat_own", 0.5))
@@ -478,7 +481,7 @@ def test_fusion_training_entry_point_smoke(tmp_path):
     """``--fusion`` on three tiny generated figures writes a fusion model beside the network."""
     import shutil
 
-    from p2p.mining.cpu.train_marker_net import main
+    from p2p.mining.lab.train_marker_net import main
 
     weights = tmp_path / "w.pt"
     shutil.copy(marker_net.weights_path(), weights)
@@ -493,7 +496,7 @@ def test_fusion_training_entry_point_smoke(tmp_path):
 def test_fusion_training_measures_the_candidates_with_the_network_in_out(tmp_path, monkeypatch):
     """The fusion model sits beside the network of ``--out``: its training candidates are that
     network's, not the shipped one's (a retrained network's file gets a model of its own)."""
-    from p2p.mining.cpu.train_marker_net import main
+    from p2p.mining.lab.train_marker_net import main
 
     torch.manual_seed(5)
     weights = tmp_path / "w.pt"
@@ -515,15 +518,15 @@ def test_fusion_training_measures_the_candidates_with_the_network_in_out(tmp_pat
 
 def _hand(rules: list, net: list, size: tuple[int, int]) -> list:
     """The hand-set fusion's markers among ``rules`` and ``net`` on a flat panel of ``size``."""
-    from p2p.mining.cpu.markers import _Found, _hand_fusion, _Panel
+    from p2p.mining.cpu.markers.rules import _Found, _hand_fusion, _Panel
 
     panel = _Panel(np.full((*size, 3), 128, np.uint8))
     found = _Found(panel, panel, rules, net, None)
-    return [(rules + net)[i] for i in _hand_fusion(found)]
+    return [(rules + net)[i] for i in _hand_fusion(found, MP)]
 
 
 def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones():
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 300)
     confirmed = _Cand("star", (40, 40, 50, 50), (45.0, 45.0), 0.5)
@@ -546,7 +549,7 @@ def test_fusion_keeps_confirmed_rule_markers_and_adds_unexplained_network_ones()
 
 
 def test_two_network_peaks_on_one_glyph_make_one_marker():
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 300)
     first = _Cand("arrowhead", (80, 60, 92, 74), (90.0, 72.0), 0.5, region=(85.0, 68.0, 110.0, 95.0))
@@ -556,7 +559,7 @@ def test_two_network_peaks_on_one_glyph_make_one_marker():
 
 
 def test_a_crowd_of_network_peaks_of_one_kind_is_texture():
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 400)
 
@@ -566,10 +569,10 @@ def test_a_crowd_of_network_peaks_of_one_kind_is_texture():
             "star", (int(x) - 4, 96, int(x) + 4, 104), (x, 100.0), 0.6, region=(x - 8, 92.0, x + 8, 108.0)
         )
 
-    few = [star(i) for i in range(markers_module._NET_CROWD)]
+    few = [star(i) for i in range(MP.net_crowd)]
     net = few
     assert _hand([], net, size) == few
-    many = [star(i) for i in range(markers_module._NET_CROWD + 1)]
+    many = [star(i) for i in range(MP.net_crowd + 1)]
     net = many
     assert _hand([], net, size) == []
 
@@ -579,7 +582,7 @@ def test_a_marker_only_the_enlarged_copy_shows_needs_the_network():
     found only there is kept when the network sees something at it, however high its score."""
     from dataclasses import replace
 
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 300)
     arrow = _Cand("arrow", (40, 40, 60, 50), (60.0, 45.0), 0.95, direction=0.0, size=20.0)
@@ -594,7 +597,7 @@ def test_a_marker_only_the_enlarged_copy_shows_needs_the_network():
 def test_four_network_arrows_in_a_panel_are_markers_four_stars_are_texture():
     """Arrows tolerate a larger crowd than dots: four arrow peaks of 0.45 (above the arrow level)
     are all kept, four star peaks are texture."""
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 400)
 
@@ -616,7 +619,7 @@ def test_a_network_box_of_middling_score_is_a_marker():
     """A box the rules miss (a washed-out outline) that the network scores 0.45 is reported, and
     so is a small thin rectangle (an inset's source) it sees only faintly, at 0.3; a box peak of
     0.25 (sharp texture edges) is not."""
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 300)
     box = _Cand("box", (100, 50, 160, 110), (130.0, 80.0), 0.45, region=(103.0, 53.0, 157.0, 107.0))
@@ -629,7 +632,7 @@ def test_a_network_box_of_middling_score_is_a_marker():
 def test_two_peaks_on_one_glyph_count_once_towards_a_crowd():
     """The network often peaks at both ends of an arrow: three arrows with two peaks each are
     three markers, not a crowd of six."""
-    from p2p.mining.cpu.markers import _NET_CROWD_KIND, _Cand
+    from p2p.mining.cpu.markers.rules import _Cand
 
     size = (200, 600)
 
@@ -646,7 +649,7 @@ def test_two_peaks_on_one_glyph_count_once_towards_a_crowd():
 
     arrows = [peak(i, 30.0) for i in range(3)]
     tails = [peak(i, 0.0) for i in range(3)]
-    assert len(arrows + tails) > _NET_CROWD_KIND["arrow"]
+    assert len(arrows + tails) > MP.net_crowd_kind["arrow"]
     net = arrows + tails
     assert _hand([], net, size) == arrows
 
@@ -655,7 +658,7 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     """A zoom-in has a source region: when the panel's chosen markers have an inset and no box,
     the most probable weak box peak outside the inset is reported; without an inset it is not,
     nor is a box peak on the inset itself."""
-    from p2p.mining.cpu.markers import _RESCUE_KIND, _SOURCE_BOX, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _SOURCE_BOX, _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     inset = _Cand("inset", (200, 0, 300, 80), (250.0, 40.0), 0.9, region=(200.0, 0.0, 300.0, 80.0))
@@ -673,28 +676,31 @@ def test_a_panel_with_an_inset_but_no_box_gets_its_likeliest_weak_box_as_the_sou
     on_inset = box(240, 30, 0.28)
     net = [likely, unlikely, faint, on_inset]
     # All below the boxes' rescue level; the faint one and the one on the inset likelier.
-    level = _RESCUE_KIND["box"]
+    level = MP.rescue_kind["box"]
     probability = np.array([0.9, level - 0.1, level - 0.25, level - 0.02, level - 0.05])
-    assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability) == [inset, likely]
-    assert _choose(_Found(panel, panel, [], net, None), net, probability[1:]) == []
+    assert _choose(_Found(panel, panel, [inset], net, None), [inset, *net], probability, MP) == [
+        inset,
+        likely,
+    ]
+    assert _choose(_Found(panel, panel, [], net, None), net, probability[1:], MP) == []
 
 
 def test_symbols_are_rescued_at_a_lower_probability_than_pointing_markers():
-    from p2p.mining.cpu.markers import _RESCUE, _RESCUE_KIND, _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     star = _Cand("star", (40, 40, 48, 48), (44.0, 44.0), 0.2, region=(34.0, 34.0, 54.0, 54.0))
     head = _Cand("arrowhead", (200, 150, 210, 160), (208.0, 158.0), 0.2, region=(208.0, 150.0, 228.0, 170.0))
-    middling = _RESCUE_KIND["star"] + 0.05
-    assert middling < _RESCUE
+    middling = MP.rescue_kind["star"] + 0.05
+    assert middling < MP.rescue
     net = [star, head]
-    assert _choose(_Found(panel, panel, [], net, None), net, np.array([middling, middling])) == [star]
+    assert _choose(_Found(panel, panel, [], net, None), net, np.array([middling, middling]), MP) == [star]
 
 
 def test_stars_and_boxes_are_rescued_below_the_symbols_level_and_arrows_are_not():
     """A star or a box the model gives a middling probability comes back (small glyphs of the
     panel's own hue, thin inset-source rectangles), an arrowhead of that probability does not."""
-    from p2p.mining.cpu.markers import _Cand, _choose, _Found, _Panel
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
     star = _Cand("star", (40, 40, 48, 48), (44.0, 44.0), 0.2, region=(34.0, 34.0, 54.0, 54.0))
@@ -702,8 +708,8 @@ def test_stars_and_boxes_are_rescued_below_the_symbols_level_and_arrows_are_not(
     head = _Cand("arrowhead", (200, 150, 210, 160), (208.0, 158.0), 0.2, region=(208.0, 150.0, 228.0, 170.0))
     net = [star, box, head]
     found = _Found(panel, panel, [], net, None)
-    assert _choose(found, net, np.array([0.45, 0.55, 0.55])) == [box, star]
-    assert _choose(found, net, np.array([0.35, 0.25, 0.75])) == []
+    assert _choose(found, net, np.array([0.45, 0.55, 0.55]), MP) == [box, star]
+    assert _choose(found, net, np.array([0.35, 0.25, 0.75]), MP) == []
 
 
 def test_a_blend_averages_the_log_odds_of_a_model_fitted_before_features_were_appended():
@@ -711,7 +717,7 @@ def test_a_blend_averages_the_log_odds_of_a_model_fitted_before_features_were_ap
     and 1 - w of the old one's, the old one reading only the columns it was fitted on."""
     from scipy.special import logit
 
-    from p2p.mining.cpu import train_marker_net as tm
+    from p2p.mining.lab import train_marker_net as tm
 
     rng = np.random.default_rng(7)
     n_old = 5
@@ -734,7 +740,7 @@ def test_a_blend_averages_the_log_odds_of_a_model_fitted_before_features_were_ap
 def test_fusion_features_tell_a_drawn_glyph_from_a_faint_blob_of_the_panels_hue():
     """A solid yellow star on a reddish panel against a faint red blob: more contrast, more ink,
     a hue the panel has little of; candidates on one glyph count each other."""
-    from p2p.mining.cpu.markers import _Cand, _Found, _Panel, fusion_features
+    from p2p.mining.cpu.markers.rules import _Cand, _Found, _Panel, fusion_features
 
     rgb = np.zeros((160, 200, 3), np.uint8)
     rgb[:] = (150, 60, 60)
@@ -757,9 +763,9 @@ def test_fusion_features_tell_a_drawn_glyph_from_a_faint_blob_of_the_panels_hue(
 
 
 def test_a_faint_network_asterisk_is_kept_only_where_the_model_is_fairly_sure():
-    """The levels keep asterisk peaks from 0.2; those under ``_WEAK_PEAK`` need the model's
-    ``_WEAK_VETO``, where a stronger peak needs only ``_VETO``."""
-    from p2p.mining.cpu.markers import _VETO, _WEAK_PEAK, _WEAK_VETO, _Cand, _choose, _Found, _Panel
+    """The levels keep asterisk peaks from 0.2; those under ``MP.weak_peak`` need the model's
+    ``weak_veto``, where a stronger peak needs only ``veto``."""
+    from p2p.mining.cpu.markers.rules import _Cand, _choose, _Found, _Panel
 
     panel = _Panel(np.full((200, 300, 3), 128, np.uint8))
 
@@ -773,8 +779,8 @@ def test_a_faint_network_asterisk_is_kept_only_where_the_model_is_fairly_sure():
         )
 
     faint, strong = asterisk(60.0, 0.25), asterisk(200.0, 0.35)
-    assert faint.score < _WEAK_PEAK <= strong.score and _VETO < _WEAK_VETO
+    assert faint.score < MP.weak_peak <= strong.score and MP.veto < MP.weak_veto
     found = _Found(panel, panel, [], [faint, strong], None)
-    between = (_VETO + _WEAK_VETO) / 2
-    assert _choose(found, [faint, strong], np.array([between, between])) == [strong]
-    assert _choose(found, [faint, strong], np.array([_WEAK_VETO, between])) == [faint, strong]
+    between = (MP.veto + MP.weak_veto) / 2
+    assert _choose(found, [faint, strong], np.array([between, between]), MP) == [strong]
+    assert _choose(found, [faint, strong], np.array([MP.weak_veto, between]), MP) == [faint, strong]

@@ -13,7 +13,8 @@ import pytest
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter
 
-from p2p.mining.cpu.markers import detect_markers
+from p2p.mining.cpu.markers.rules import detect_markers
+from p2p.mining.params import load_params
 from p2p.mining.types import Marker
 from p2p.shared.geometry import contains_point
 
@@ -377,7 +378,7 @@ def test_black_ovals_on_downscaled_lattice_fringes():
     mask holds the bolder one alone."""
     import io
 
-    from p2p.mining.synth import generate_figure
+    from p2p.mining.lab.synth import generate_figure
     from p2p.shared.geometry import from_inclusive
 
     image, truth = generate_figure(1283475995, width=1000, height=800, scale=0.7441)
@@ -397,7 +398,7 @@ def test_black_ovals_on_downscaled_lattice_fringes():
 def test_small_arrows_of_a_small_jpeg_panel():
     """On a panel of 200 x 150 px (glyphs drawn at half size, then JPEG) the rules also examine a
     copy enlarged to about 300 px: arrows of 8-20 px the native scale misses are found there."""
-    from p2p.mining.synth.markers import Painter
+    from p2p.mining.lab.synth.markers import Painter
 
     found = total = 0
     for seed in (3, 5, 14, 18, 19):
@@ -423,12 +424,12 @@ def test_enlarged_copy_adds_small_glyphs_only_in_figure_pixels(monkeypatch):
     """The enlarged copy of a small panel is searched for small glyphs only; its markers are
     mapped back to figure pixels and not added where the native scale already has a marker on
     the same glyph."""
-    from p2p.mining.cpu import markers as rules_module
-    from p2p.mining.cpu.markers import _Cand
+    from p2p.mining.cpu.markers import rules as rules_module
+    from p2p.mining.cpu.markers.rules import _Cand
 
     native_star = _Cand("star", (10, 10, 20, 20), (14.5, 14.5), 0.9, size=10.0)
 
-    def fake_rules(panel, glyphs_only=False):
+    def fake_rules(panel, params, glyphs_only=False):
         if panel.w == 150:  # native scale
             assert not glyphs_only
             return [native_star]
@@ -453,21 +454,21 @@ def test_enlarged_copy_adds_small_glyphs_only_in_figure_pixels(monkeypatch):
 def test_glyph_only_pass_reports_no_outlines():
     """The enlarged copy's pass looks for small glyphs only: a drawn rectangle next to an arrow
     is found by the full rules, not by that pass."""
-    from p2p.mining.cpu.markers import _Panel, _rule_cands
+    from p2p.mining.cpu.markers.rules import _Panel, _rule_cands
 
     def draw(d):
         draw_arrow(d, (100.0, 120.0), 0.0, 40, COLOURS["yellow"])
         d.rectangle([180, 60, 280, 160], outline=COLOURS["yellow"], width=2)
 
     panel = _Panel(panel_image(draw, seed=11))
-    assert {c.kind for c in _rule_cands(panel)} >= {"arrow", "box"}
-    assert {c.kind for c in _rule_cands(panel, glyphs_only=True)} == {"arrow"}
+    assert {c.kind for c in _rule_cands(panel, load_params().markers)} >= {"arrow", "box"}
+    assert {c.kind for c in _rule_cands(panel, load_params().markers, glyphs_only=True)} == {"arrow"}
 
 
 def test_a_network_arrow_facing_its_tail_is_turned_round():
     """The network's peak on the flat end of an arrow points its target behind the arrow; the
     glyph's widest cross-section (the head) says which end is the tip."""
-    from p2p.mining.cpu.markers import _Cand, _orient, _Panel, _target
+    from p2p.mining.cpu.markers.rules import _Cand, _orient, _Panel, _target
 
     img = Image.fromarray(texture(seed=5))
     draw_arrow(ImageDraw.Draw(img), (200.0, 120.0), 0.0, 60.0, (255, 220, 0), shaft=3, head=10.0)

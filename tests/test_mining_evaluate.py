@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2p.mining.evaluate import Tally, score_figure
+from p2p.mining.lab.evaluate import Tally, score_figure
 from p2p.mining.types import Marker, MinedPanel, MiningResult
 
 TRUTH = {

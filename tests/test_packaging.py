@@ -58,5 +58,5 @@ def test_the_wheel_carries_the_data_files_the_code_loads(tmp_path: Path) -> None
     (wheel,) = tmp_path.glob("panel2patch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert [name for name in LOADED_AT_RUN_TIME if name not in names] == []
-    shipped = (ROOT / "services/mining/cpu/marker_net.pt").read_bytes()
-    assert zipfile.ZipFile(wheel).read("p2p/mining/cpu/marker_net.pt") == shipped
+    shipped = (ROOT / "services/mining/artifacts/marker_net.pt").read_bytes()
+    assert zipfile.ZipFile(wheel).read("p2p/mining/artifacts/marker_net.pt") == shipped

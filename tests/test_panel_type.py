@@ -18,7 +18,7 @@ from p2p.mining.cpu.panel_type import (
     default_classifier,
     panel_features,
 )
-from p2p.mining.cpu.train_panel_type import TEST_SEED_BASE, synthetic_panel, train
+from p2p.mining.lab.train_panel_type import TEST_SEED_BASE, synthetic_panel, train
 from p2p.mining.types import PANEL_TYPES
 
 # Training used direct seeds 0..2999, figure seeds 500000.. and held-out seeds 1000000..1000799;
@@ -27,7 +27,7 @@ UNSEEN = 7_300_000
 
 
 def test_shipped_model_is_small_json_and_loads() -> None:
-    ref = resources.files("p2p.mining.cpu").joinpath(MODEL_FILE)
+    ref = resources.files("p2p.mining.artifacts").joinpath(MODEL_FILE)
     text = ref.read_text(encoding="utf-8")
     assert len(text.encode()) < 1_000_000
     model = json.loads(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import text
 
-from p2p.ingest.app import create_app, startup_notice
+from p2p.ingest.app import create_app
+from p2p.shared.api import startup_notice
 from p2p.shared.auth import create_api_key, revoke_api_key
 from p2p.shared.queue import MINE_FIGURE_TASK, MINING_QUEUE
 from p2p.shared.runtime import Runtime, SchemaOutOfDate, build_runtime
@@ -84,8 +86,20 @@ def test_settings_read_nested_environment(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_embedded_profile_says_it_runs_open() -> None:
-    assert "AUTH DISABLED" in startup_notice(Settings())
-    assert "AUTH DISABLED" not in startup_notice(Settings(auth={"required": True}))
+    assert "AUTH DISABLED" in startup_notice(Settings(), "ingest API")
+    assert "AUTH DISABLED" not in startup_notice(Settings(auth={"required": True}), "ingest API")
+
+
+def test_both_apis_say_at_start_that_keys_are_off(make_settings, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    from p2p.embedding_api.app import create_app as create_embedding_app
+
+    settings = make_settings()
+    for make, name in ((create_app, "ingest API"), (create_embedding_app, "embedding API")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), TestClient(make(settings)):
+            pass
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(m.startswith(f"{name}: ") and "AUTH DISABLED" in m for m in said), said
 
 
 def test_write_endpoints_need_a_key_with_the_right_scope(

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from p2p.mining.cpu import seam_net
-from p2p.mining.cpu.seam_net import (
+from p2p.mining.cpu.segmentation import seam_net
+from p2p.mining.cpu.segmentation.seam_net import (
     MAPS,
     STRIDE,
     BoundaryMaps,
@@ -91,15 +91,15 @@ def test_missing_bad_or_foreign_weights_name_the_file_and_the_rebuild(tmp_path):
 
 
 def test_weights_are_written_by_the_shared_atomic_writer(tmp_path, monkeypatch):
-    """``marker_net._save_atomic`` (tested there: a write cut short leaves the old file whole)."""
+    """``nets.save_atomic`` (tested there: a write cut short leaves the old file whole)."""
     written: list[Path] = []
-    real = seam_net._save_atomic
+    real = seam_net.save_atomic
 
     def recording(blob: dict, path: Path) -> None:
         written.append(path)
         real(blob, path)
 
-    monkeypatch.setattr(seam_net, "_save_atomic", recording)
+    monkeypatch.setattr(seam_net, "save_atomic", recording)
     path = tmp_path / "w.pt"
     save_weights(SeamNet(), path, {"steps": 1})
     assert written == [path]
@@ -122,7 +122,7 @@ def test_batchnorm_folding_keeps_the_output(tmp_path):
 
 
 def test_sampler_mirrors_the_targets_with_the_image():
-    from p2p.mining.cpu.train_seam_net import Figure, Sampler
+    from p2p.mining.lab.train_seam_net import Figure, Sampler
 
     rgb = np.full((96, 128, 3), 255, np.uint8)
     rgb[:, :40] = 30  # a dark panel on the left, a white one on the right
@@ -165,19 +165,19 @@ def test_training_command_makes_figures_and_writes_loadable_weights(tmp_path):
     data, weights = tmp_path / "figs", tmp_path / "w.pt"
     args = ["--data", str(data), "--figures", "2", "--data-seed", "140001", "--steps", "2", "--batch", "2",
             "--patch", "64", "--report-every", "1"]  # fmt: skip
-    done = run_module("p2p.mining.cpu.train_seam_net", *args, "--out", str(weights))
+    done = run_module("p2p.mining.lab.train_seam_net", *args, "--out", str(weights))
     assert done.returncode == 0, done.stderr
     assert "2 figures" in done.stdout and "step 2/2" in done.stdout
     assert torch.load(weights, weights_only=True)["meta"]["steps"] == 2
     load_weights(weights)
-    from p2p.mining.cpu.train_seam_net import main
+    from p2p.mining.lab.train_seam_net import main
 
     with pytest.raises(SystemExit):
         main([*args[:4], "--data-seed", "1001", "--out", str(tmp_path / "dev.pt")])
 
 
 def test_training_is_deterministic_given_the_seed():
-    from p2p.mining.cpu.train_seam_net import Figure, Settings, train
+    from p2p.mining.lab.train_seam_net import Figure, Settings, train
 
     rgb, seam = _two_panel_figure()
     figure = Figure(rgb[::4, ::4].copy(), [(0.0, 0.0, seam / 4, 120.0), (seam / 4, 0.0, 160.0, 120.0)])

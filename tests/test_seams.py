@@ -1,4 +1,5 @@
-"""The learned seam splitter (``p2p.mining.cpu.seams``) and its training labels, on figures drawn here."""
+"""The learned seam splitter (``p2p.mining.cpu.segmentation.seams``) and its training labels, on
+figures drawn here."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import cv2
 import numpy as np
 import pytest
 
-from p2p.mining.cpu import seams
-from p2p.mining.cpu.seams import FEATURE_NAMES, SeamModel, line_features, split_boxes
-from p2p.mining.cpu.train_seams import line_labels
+from p2p.mining.cpu.segmentation import seams
+from p2p.mining.cpu.segmentation.seams import FEATURE_NAMES, SeamModel, line_features, split_boxes
+from p2p.mining.lab.train_seams import line_labels
 
 
 def step_model(threshold: float = 0.5) -> SeamModel:
@@ -276,7 +277,7 @@ def test_recurse_looks_at_both_parts_again_down_to_max_depth() -> None:
 def test_training_walk_follows_the_true_seams_into_the_parts(tmp_path) -> None:
     from PIL import Image
 
-    from p2p.mining.cpu.train_seams import Figure, Samples, walk
+    from p2p.mining.lab.train_seams import Figure, Samples, walk
 
     rng = np.random.default_rng(8)
     row = np.hstack([noisy(rng, 100, 80, 40), noisy(rng, 110, 80, 120), noisy(rng, 90, 80, 190)])
@@ -314,7 +315,7 @@ def test_training_walk_follows_the_true_seams_into_the_parts(tmp_path) -> None:
 
 
 def test_fit_weighs_samples() -> None:
-    from p2p.mining.cpu.train_seams import fit
+    from p2p.mining.lab.train_seams import fit
 
     # the same point labelled both ways: the heavier label wins
     x = np.array([[0.0, 0.0]] * 20 + [[1.0, 1.0]] * 20)
@@ -328,7 +329,7 @@ def test_fit_weighs_samples() -> None:
 def test_rule_boxes_are_kept_per_folder_and_rules_version(tmp_path, monkeypatch) -> None:
     from PIL import Image
 
-    from p2p.mining.cpu import train_seams
+    from p2p.mining.lab import train_seams
 
     Image.fromarray(np.full((60, 80, 3), 255, dtype=np.uint8)).save(tmp_path / "a.png")
     calls: list[int] = []
@@ -348,7 +349,7 @@ def test_rule_boxes_are_kept_per_folder_and_rules_version(tmp_path, monkeypatch)
 
 
 def test_lines_carry_the_boundary_network_strength() -> None:
-    from p2p.mining.cpu import seam_net
+    from p2p.mining.cpu.segmentation import seam_net
 
     rng = np.random.default_rng(9)
     image = np.hstack([noisy(rng, 120, 90, 60), noisy(rng, 140, 90, 150)])

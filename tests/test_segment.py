@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from p2p.mining.cpu import segment
-from p2p.mining.cpu.eval_panels import error_kind, evaluate
-from p2p.mining.cpu.segment import corner_glyphs, ink_mask, rejected_guesses, segment_panels
-from p2p.mining.cpu.xycut import naive_xycut
+from p2p.mining.cpu import imaging
+from p2p.mining.cpu.segmentation import segment
+from p2p.mining.cpu.segmentation.segment import corner_glyphs, ink_mask, rejected_guesses, segment_panels
+from p2p.mining.lab.eval_panels import error_kind, evaluate
+from p2p.mining.lab.xycut import naive_xycut
 from p2p.mining.types import LabelDetection
 from p2p.shared import geometry
 
@@ -922,16 +923,15 @@ def test_a_rule_ending_left_of_a_label_does_not_hide_it() -> None:
     image[14:16, 20:200] = 0  # the rule, level with the label
     mask = ink_mask(image).astype(np.uint8)
     _, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-    words = segment._label_candidates(mask, labels, stats, 8.0).words
+    words = imaging.label_candidates(mask, labels, stats, 8.0).words
     assert any(box[0] >= 200 for box, _ in words)
     image[10:18, 196:200] = 0  # a blob there (the end of a word) still hides it
     mask = ink_mask(image).astype(np.uint8)
     _, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-    assert not any(box[0] >= 200 for box, _ in segment._label_candidates(mask, labels, stats, 8.0).words)
+    assert not any(box[0] >= 200 for box, _ in imaging.label_candidates(mask, labels, stats, 8.0).words)
 
 
 def test_seam_splitter_runs_after_the_rules(monkeypatch: pytest.MonkeyPatch) -> None:
-    from p2p.mining.cpu import seams
 
     rng = np.random.default_rng(11)
     image = canvas(300, 200)
@@ -943,7 +943,7 @@ def test_seam_splitter_runs_after_the_rules(monkeypatch: pytest.MonkeyPatch) -> 
         x1, y1, x2, y2 = boxes[0]
         return [(x1, y1, (x1 + x2) // 2, y2), *boxes[1:], ((x1 + x2) // 2, y1, x2, y2)]
 
-    monkeypatch.setattr(seams, "split_boxes", halve)
+    monkeypatch.setattr(segment, "split_boxes", halve)
     rules = segment_panels(image, seams=False)
     assert [p.box for p in rules] == [(20.0, 20.0, 280.0, 180.0)] and not calls
     split = segment_panels(image)

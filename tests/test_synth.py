@@ -15,10 +15,10 @@ import typer
 from PIL import Image
 from typer.testing import CliRunner
 
-from p2p.mining.synth import generate_figure, load_annotations, write_dataset
-from p2p.mining.synth.cli import synth_command
-from p2p.mining.synth.labels import LABEL_STYLES
-from p2p.mining.synth.util import scale_inclusive
+from p2p.mining.lab.synth import generate_figure, load_annotations, write_dataset
+from p2p.mining.lab.synth.cli import synth_command
+from p2p.mining.lab.synth.labels import LABEL_STYLES
+from p2p.mining.lab.synth.util import scale_inclusive
 from p2p.mining.types import MARKER_KINDS, PANEL_TYPES
 
 SMALL = {"width": 480, "height": 360}
@@ -289,7 +289,7 @@ def test_caption_conventions_cover_the_real_forms(pool: list[tuple[Image.Image, 
 
 
 def test_last_fragment_keeps_its_notes_until_a_sentence_reads_as_shared() -> None:
-    from p2p.mining.synth.captions import _last_fragment_pieces
+    from p2p.mining.lab.synth.captions import _last_fragment_pieces
 
     head = "(D\u2013F) Confocal images."
     group = ["D", "E", "F"]
@@ -397,7 +397,42 @@ def test_write_dataset_is_byte_identical_by_seed(tmp_path: Path) -> None:
 
 def test_only_bare_letters_and_numbers_are_circled(pool: list[tuple[Image.Image, dict[str, Any]]]) -> None:
     """A circle drawn round "(viii)" or "4a." is nothing a paper prints (and a 60-px disc)."""
-    from p2p.mining.synth.figure import CIRCLED_STYLES
+    from p2p.mining.lab.synth.figure import CIRCLED_STYLES
 
     circled = {gt["synth"]["label_style"] for _, gt in pool if gt["synth"]["label_decoration"] == "circled"}
     assert circled and circled <= set(CIRCLED_STYLES)
+
+
+# What each image source is called in a caption: a panel's subcaption must name its own source.
+MODALITY_WORDS = {
+    "ihc": r"Immunohistochemical|IHC",
+    "phase": r"Phase-contrast",
+    "fundus": r"fundus",
+    "fluorescence": r"Immunofluorescence|Confocal",
+    "em": r"\b(HR-)?TEM\b|\bSEM\b",
+    "ct": r"\bCT\b",
+    "mri": r"\bMR",
+    "ultrasound": r"ultrasound",
+    "blot": r"Western blot",
+    "map": r"map",
+    "photo": r"Photograph",
+}
+
+
+def test_captions_describe_the_image_source_each_panel_shows(
+    pool: list[tuple[Image.Image, dict[str, Any]]],
+) -> None:
+    for _, gt in pool:
+        shown = {p.get("modality") for p in gt["panels"] if p["type"] == "image"}
+        for p in gt["panels"]:
+            if p["type"] != "image" or p["label"] is None:
+                continue
+            words = MODALITY_WORDS[p["modality"]]
+            assert re.search(words, gt["subcaptions"][p["label"]]), (p["modality"], gt["caption"])
+        preamble = gt["subcaptions"]["preamble"]
+        if "nanostructures" in preamble:
+            assert "em" in shown
+        elif preamble and "em" in shown:
+            raise AssertionError(f"a biology preamble over electron micrographs: {gt['caption']}")
+        if "patients with" in preamble:
+            assert shown and shown <= {"ct", "mri", "ultrasound", "fundus", "ihc", "photo"}, gt["caption"]

@@ -83,6 +83,11 @@ def test_train_start_shows_progress_and_the_run_is_listed_shown_and_not_cancelle
     assert listed.exit_code == 0 and run_id[1] in said(listed) and "4/4" in said(listed)
     shown = runner.invoke(app, ["train", "show", run_id[1]])
     assert shown.exit_code == 0 and "completed" in said(shown)
+    short = runner.invoke(app, ["train", "show", run_id[1][:8]])  # the 8 characters tables print
+    assert short.exit_code == 0 and f"run {run_id[1]}: completed" in said(short)
+    nowhere = runner.invoke(app, ["train", "show", "ffffffff" if run_id[1][0] != "f" else "00000000"])
+    assert nowhere.exit_code == 2 and "no training run with an id starting" in said(nowhere)
+    assert runner.invoke(app, ["train", "show", "run-one"]).exit_code == 2
     again = runner.invoke(app, ["train", "cancel", run_id[1]])
     assert again.exit_code == 2 and "has already completed" in said(again)
     unknown = runner.invoke(app, ["train", "show", "0" * 8 + "-0000-0000-0000-" + "0" * 12])
@@ -135,3 +140,37 @@ def test_summary_gives_mean_and_sample_std_per_variant() -> None:
     assert summary[1] == {"variant": "b", "runs": 1, "region i2t R@10": {"mean": 0.5, "std": 0.0}}
     table = markdown_table(summary, metrics=("region i2t R@10",))
     assert "| a | 2 | 0.300 ± 0.141 |" in table and "| b | 1 | 0.500 |" in table
+
+
+def test_metrics_table_reads_in_recall_order_with_n_and_chance() -> None:
+    from rich.console import Console
+
+    from p2p.cli.train_cmd import metrics_table
+
+    def row(shift: float) -> dict[str, float | int]:
+        values: dict[str, float | int] = {"panel n": 20, "region n": 4, "zero-shot n": 30}
+        values["zero-shot classes n"] = 4
+        for task in ("panel", "region"):
+            for direction in ("i2t", "t2i"):
+                for k in (1, 5, 10):
+                    values[f"{task} {direction} R@{k}"] = 0.1 * k / 10 + shift
+        values["zero-shot acc"] = 0.5 + shift
+        values["zero-shot bal acc"] = 0.4 + shift
+        return values
+
+    trained, untrained = row(0.1), row(0.0)
+    improved = {k: True for k in trained if not k.endswith(" n")}
+    table = metrics_table(
+        {"split": "val+test", "trained": trained, "untrained": untrained, "improved": improved}
+    )
+    assert table is not None
+    console = Console(width=200, record=True)
+    console.print(table)
+    lines = [line for line in console.export_text().splitlines() if "R@" in line or "zero-shot" in line]
+    metrics = [line.split("│")[1].strip() for line in lines]
+    assert metrics[:3] == ["panel i2t R@1", "panel i2t R@5", "panel i2t R@10"]
+    assert metrics[-2:] == ["zero-shot acc", "zero-shot bal acc"]
+    cells = {m: [c.strip() for c in line.split("│")[2:4]] for m, line in zip(metrics, lines, strict=True)}
+    assert cells["panel i2t R@5"] == ["20", "0.250"]  # n and chance: 5 of 20 candidates
+    assert cells["region t2i R@10"] == ["4", "1.000"]  # k past n: chance is certainty
+    assert cells["zero-shot bal acc"] == ["30", "0.250"]  # one of four classes

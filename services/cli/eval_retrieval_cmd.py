@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from p2p.cli.common import open_runtime, settings_or_exit
+from p2p.cli.consoles import make_console
 from p2p.shared.db.models import ModelVersion
 from p2p.shared.runtime import build_store
 
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from p2p.shared.runtime import Runtime
     from p2p.shared.storage import ObjectStore
 
-out = Console()
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -77,6 +77,8 @@ def resolve_specs(
 
 
 def _table(rows: list[dict[str, Any]], ks: list[int], split: str) -> Table:
+    from p2p.training.evaluate import chance
+
     table = Table(title=f"retrieval on {split}")
     table.add_column("model")
     columns: list[str] = []
@@ -90,6 +92,9 @@ def _table(rows: list[dict[str, Any]], ks: list[int], split: str) -> Table:
         table.add_column(f"{task}\n{rest}", justify="right")
     for row in rows:
         table.add_row(row["model"], *(f"{row[c]:.3f}" for c in columns))
+    if rows:  # what random scores would get on these items
+        levels = [chance(c, rows[0]) for c in columns]
+        table.add_row("chance", *("" if v is None else f"{v:.3f}" for v in levels), style="dim")
     return table
 
 

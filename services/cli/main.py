@@ -1,56 +1,29 @@
-"""The `p2p` commands. Imports that load torch, the miners' models or the ingest sources stay inside
-the commands that use them, so `p2p --help` and the light commands start without them."""
-
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import threading
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, TaskID
 from rich.table import Table
 from sqlalchemy import func, select
 
 from p2p.cli.common import open_runtime, settings_or_exit
+from p2p.cli.consoles import make_console
+from p2p.cli.demo_cmd import demo
 from p2p.cli.eval_retrieval_cmd import eval_retrieval
-from p2p.cli.ingest_paths import BatchSource, plan
 from p2p.cli.mine_cmd import mine
 from p2p.cli.models_cmd import models_app
+from p2p.cli.progress import LineProgress, progress
 from p2p.cli.recover_cmd import recover
-from p2p.cli.train_cmd import follow, train_app
+from p2p.cli.train_cmd import train_app
 from p2p.mining import remine
-from p2p.mining.costs import COUNTERS, aggregate_costs
-from p2p.shared.auth import create_api_key, revoke_api_key
-from p2p.shared.db import migrate
-from p2p.shared.db.models import (
-    ApiKey,
-    Batch,
-    BatchItemStatus,
-    BatchKind,
-    BatchStatus,
-    Figure,
-    MiningJob,
-    ModelStatus,
-    ModelVersion,
-    Panel,
-    Region,
-    TrainingRun,
-    TrainingRunStatus,
-)
-from p2p.shared.embedded import EmbeddedPostgres
-from p2p.shared.errors import P2PError
-from p2p.shared.queue import InProcessDispatcher
+from p2p.shared.db.models import BatchKind
 from p2p.shared.runtime import Runtime
-from p2p.shared.schemas import FigureMetadata
 from p2p.shared.settings import Settings
-from p2p.training.schemas import TrainingRunCreate
 
 app = typer.Typer(
     help="Panel2Patch: mine biomedical figures into figure/panel/region image-text pairs.",
@@ -69,10 +42,11 @@ app.add_typer(train_app, name="train")
 eval_app.command("retrieval")(eval_retrieval)
 app.command("mine")(mine)
 app.command("recover")(recover)
+app.command("demo")(demo)
 
 
 def _register_synth() -> None:
-    from p2p.mining.synth.cli import synth_command
+    from p2p.mining.lab.synth.cli import synth_command
 
     app.command("synth")(synth_command)
 
@@ -80,12 +54,8 @@ def _register_synth() -> None:
 _register_synth()
 
 
-console = Console(stderr=True)
-out = Console()
-
-DEMO_SYNTHETIC_FIGURES = 300
-DEMO_TRAIN_STEPS = 240
-DEMO_RUN_NAME = "demo"
+console = make_console(stderr=True)
+out = make_console()
 
 
 _settings = settings_or_exit
@@ -107,6 +77,7 @@ def ingest(
 ) -> None:
     """Ingest files, folders (manifest.jsonl, *.tar shards, *.tar.gz packages, images), manifests,
     WebDataset shards and PMC Open Access packages."""
+    from p2p.cli.ingest_paths import BatchSource, plan
 
     settings = _settings()
     try:
@@ -117,15 +88,22 @@ def ingest(
     runtime = _runtime(settings)
     totals = {"ingested": 0, "duplicate": 0, "failed": 0}
     try:
-        with _progress() as progress:
+        # One bar for the whole call: loose images count up to a known total; a batch source's size
+        # is known only once it has been read.
+        loose = sum(not isinstance(entry, BatchSource) for entry in planned)
+        with progress(console) as bar:
+            task = bar.add_task("ingest", total=loose if loose == len(planned) else None)
             for entry in planned:
                 if isinstance(entry, BatchSource):
-                    counts = _ingest_batch(runtime, entry.kind, entry.path, progress)
+                    bar.update(task, description=f"ingest {entry.kind.value} {entry.path.name}")
+                    counts = _ingest_batch(runtime, entry.kind, entry.path, bar, task)
                 else:
-                    counts = _ingest_loose(runtime, entry.path, entry.caption or caption or "", progress)
+                    bar.update(task, description=f"ingest {entry.path.name}")
+                    counts = _ingest_loose(runtime, entry.path, entry.caption or caption or "", bar, task)
                 for k, v in counts.items():
                     totals[k] += v
-        _wait_in_process(runtime)
+            bar.update(task, description="ingest", total=sum(totals.values()), completed=sum(totals.values()))
+        _wait_for_mining(runtime)
     finally:
         runtime.close()
     out.print(f"ingested {totals['ingested']}, duplicates {totals['duplicate']}, failed {totals['failed']}")
@@ -133,27 +111,20 @@ def ingest(
         raise typer.Exit(1)
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-
-
-def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progress) -> dict[str, int]:
+def _ingest_batch(
+    runtime: Runtime, kind: BatchKind, path: Path, progress: Progress | LineProgress, task: TaskID
+) -> dict[str, int]:
     from p2p.ingest import batches
     from p2p.ingest.sources.base import ItemError, SourceItem
+    from p2p.shared.db.models import BatchItemStatus, BatchStatus
+    from p2p.shared.errors import P2PError
 
     source = str(path.resolve())
-    task = progress.add_task(f"{kind.value} {path.name}", total=None)
     try:
         batches.check_source(kind, source, store=runtime.store, settings=runtime.settings, trusted=True)
     except P2PError as exc:
-        progress.update(task, description=f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        progress.console.print(f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        progress.advance(task)
         return {"ingested": 0, "duplicate": 0, "failed": 1}
     with runtime.session() as session:
         batch = batches.create_batch(session, kind=kind, source=source)
@@ -172,7 +143,6 @@ def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progr
                 progress.console.print(
                     f"[yellow]{failure.item_key}: {failure.error_type}: {failure.error_message}"
                 )
-    progress.update(task, total=done.ingested + done.duplicates + done.failed)
     return {
         "ingested": done.ingested,
         "duplicate": done.duplicates,
@@ -180,10 +150,13 @@ def _ingest_batch(runtime: Runtime, kind: BatchKind, path: Path, progress: Progr
     }
 
 
-def _ingest_loose(runtime: Runtime, path: Path, caption: str, progress: Progress) -> dict[str, int]:
+def _ingest_loose(
+    runtime: Runtime, path: Path, caption: str, progress: Progress | LineProgress, task: TaskID
+) -> dict[str, int]:
     from p2p.ingest.service import ingest_figure
+    from p2p.shared.errors import P2PError
+    from p2p.shared.schemas import FigureMetadata
 
-    task = progress.add_task(path.name, total=1)
     try:
         with runtime.session() as session, path.open("rb") as fh:
             outcome = ingest_figure(
@@ -197,20 +170,38 @@ def _ingest_loose(runtime: Runtime, path: Path, caption: str, progress: Progress
                 source="cli",
             )
     except P2PError as exc:
-        progress.update(task, advance=1, description=f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        progress.console.print(f"[red]{path.name}: {exc.error_type}: {exc.message}")
+        progress.advance(task)
         return {"ingested": 0, "duplicate": 0, "failed": 1}
     progress.advance(task)
     return {"ingested": int(not outcome.duplicate), "duplicate": int(outcome.duplicate), "failed": 0}
 
 
-def _wait_in_process(runtime: Runtime) -> None:
-    if isinstance(runtime.dispatcher, InProcessDispatcher):
+def _wait_for_mining(runtime: Runtime) -> None:
+    """In the embedded profile the figures are mined in this process: wait, with progress."""
+    from p2p.shared.db.models import JobStatus, MiningJob
+    from p2p.shared.queue import InProcessDispatcher
+
+    if not isinstance(runtime.dispatcher, InProcessDispatcher):
+        return
+    open_jobs = select(func.count()).where(MiningJob.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+    with runtime.session() as session:
+        total = session.scalar(open_jobs) or 0
+    if not total:
         runtime.dispatcher.wait_idle()
+        return
+    with progress(console) as bar:
+        task = bar.add_task("mining", total=total)
+        while not runtime.dispatcher.wait_idle(1.0):
+            with runtime.session() as session:
+                bar.update(task, completed=total - (session.scalar(open_jobs) or 0))
+        bar.update(task, completed=total)
 
 
 @app.command()
 def status() -> None:
     """Counts of figures, mining jobs and recent batches."""
+    from p2p.shared.db.models import Batch, Figure, MiningJob, Panel, Region
 
     settings = _settings()
     runtime = _runtime(settings)
@@ -222,7 +213,13 @@ def status() -> None:
             )
             panels = session.scalar(select(func.count()).select_from(Panel))
             regions = session.scalar(select(func.count()).select_from(Region))
-            recent = list(session.scalars(select(Batch).order_by(Batch.created_at.desc()).limit(10)))
+            # Re-runs that found only duplicates (a second demo, a retried folder) are folded into a
+            # count: the table lists batches that added or failed something.
+            rerun = (Batch.ingested == 0) & (Batch.failed == 0) & (Batch.duplicates > 0)
+            recent = list(
+                session.scalars(select(Batch).where(~rerun).order_by(Batch.created_at.desc()).limit(10))
+            )
+            reruns = session.scalar(select(func.count()).select_from(Batch).where(rerun)) or 0
             versions = remine.figures_per_version(session)
     finally:
         runtime.close()
@@ -254,6 +251,8 @@ def status() -> None:
                 b.source[-60:],
             )
         out.print(batches)
+    if reruns:
+        out.print(f"and {reruns} re-run batches that found only figures already stored (not listed)")
 
 
 @app.command()
@@ -261,7 +260,11 @@ def cost(
     backend: Annotated[str | None, typer.Option(help="Only this mining backend (cpu, lvlm).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Mining cost: LVLM requests, tokens, retries and fallbacks per figure and per stage."""
+    """Mining cost: LVLM requests, tokens, retries and fallbacks per figure and per stage; for the
+    CPU backend, the time of each stage."""
+    import json
+
+    from p2p.mining.costs import COUNTERS, aggregate_costs
 
     runtime = _runtime(_settings())
     try:
@@ -276,8 +279,10 @@ def cost(
         out.print("no finished mining jobs")
         return
     for row in rows:
-        version = row["version"] or "(no version recorded)"
-        table = Table(title=f"{row['backend']} {version}: {row['figures']} figures")
+        if not row["requests"]:  # the CPU backend (or LVLM jobs that all fell back): time, not tokens
+            out.print(_stage_time_table(row))
+            continue
+        table = Table(title=f"{row['backend']} {row['version']}: {row['figures']} figures")
         table.add_column("stage")
         for key in COUNTERS:
             table.add_column(key, justify="right")
@@ -293,12 +298,28 @@ def cost(
         out.print(table)
 
 
+def _stage_time_table(row: dict[str, Any]) -> Table:
+    figures = max(int(row["figures"]), 1)
+    seconds = row.get("stage_seconds") or {}
+    table = Table(title=f"{row['backend']} {row['version']}: {row['figures']} figures")
+    for column, justify in (("stage", "left"), ("total s", "right"), ("per figure ms", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for stage, value in sorted(seconds.items(), key=lambda item: -item[1]):
+        table.add_row(stage, f"{value:.1f}", f"{1000 * value / figures:.1f}")
+    total = sum(seconds.values())
+    table.add_row("total", f"{total:.1f}", f"{1000 * total / figures:.1f}")
+    table.caption = "no model server, no requests, no model tokens: the cost is the CPU time of each stage"
+    return table
+
+
 @keys_app.command("create")
 def keys_create(
     name: Annotated[str, typer.Option(help="Who or what uses the key.")],
     scope: Annotated[list[str], typer.Option(help="ingest, read or admin; repeat for several.")],
 ) -> None:
     """Create an API key; the secret is printed once and stored only as a hash."""
+    from p2p.shared.auth import create_api_key
+    from p2p.shared.errors import P2PError
 
     runtime = _runtime(_settings())
     try:
@@ -317,6 +338,8 @@ def keys_create(
 
 @keys_app.command("list")
 def keys_list() -> None:
+    from p2p.shared.db.models import ApiKey
+
     runtime = _runtime(_settings())
     try:
         with runtime.session() as session:
@@ -339,6 +362,8 @@ def keys_list() -> None:
 
 @keys_app.command("revoke")
 def keys_revoke(prefix: str) -> None:
+    from p2p.shared.auth import revoke_api_key
+
     runtime = _runtime(_settings())
     try:
         with runtime.session() as session:
@@ -354,6 +379,8 @@ def keys_revoke(prefix: str) -> None:
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply migrations (the embedded database is started for it)."""
+    from p2p.shared.db import migrate
+    from p2p.shared.embedded import EmbeddedPostgres
 
     settings = _settings()
     embedded = None
@@ -392,19 +419,21 @@ def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | 
 
 @serve_app.command("ingest")
 def serve_ingest(
-    host: Annotated[str | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option()] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default P2P_SERVER__HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default P2P_SERVER__PORT, 8000).")] = None,
 ) -> None:
     """Serve the ingest API (OpenAPI docs at /docs)."""
-    from p2p.apps.ingest import ingest_app
+    from p2p.apps.ingest import ingest_app  # lazy, as the other commands' heavier imports
 
     _serve(ingest_app, host, port)
 
 
 @serve_app.command("embedding-api")
 def serve_embedding_api(
-    host: Annotated[str | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option()] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default P2P_SERVER__HOST).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default P2P_SERVER__PORT, 8000; compose: 8001).")
+    ] = None,
 ) -> None:
     """Serve the embedding and retrieval API and its web viewer (at /)."""
     from p2p.apps.embedding import embedding_app  # lazy: it loads torch, which `p2p --help` need not wait for
@@ -427,20 +456,21 @@ def eval_mining(
     limit: Annotated[int | None, typer.Option(help="Score only the first N figures.")] = None,
 ) -> None:
     """Panel P/R/F1 at IoU 0.5/0.75/0.9, mean IoU, labels, subcaptions, marker recall, types, time."""
+    import json as json_lib
 
     if (folder is None) == (captions is None):
         console.print("[red]give exactly one of --dir or --captions[/red]")
         raise typer.Exit(2)
     report: dict[str, object] = {}
     if captions is not None:
-        from p2p.mining.eval_captions import evaluate_prostate
+        from p2p.mining.lab.eval_captions import evaluate_prostate
 
         report["captions"] = evaluate_prostate(captions)
-        out.write_text(json.dumps(report, indent=2))
+        out.write_text(json_lib.dumps(report, indent=2))
         _print_json(report["captions"])
         return
     assert folder is not None
-    from p2p.mining.evaluate import cpu_miner, evaluate_folder, naive_reference
+    from p2p.mining.lab.evaluate import cpu_miner, evaluate_folder, naive_reference
 
     if not (folder / "annotations.json").is_file():
         console.print(f"[red]{folder} has no annotations.json[/red]")
@@ -448,13 +478,15 @@ def eval_mining(
     report["cpu"] = evaluate_folder(folder, cpu_miner(), limit=limit)
     if reference:
         report["naive_xycut"] = evaluate_folder(folder, naive_reference, limit=limit)
-    out.write_text(json.dumps(report, indent=2))
+    out.write_text(json_lib.dumps(report, indent=2))
     _print_mining_table(report)
     console.print(f"report written to {out}")
 
 
 def _print_json(data: object) -> None:
-    out.print_json(json.dumps(data))
+    import json as json_lib
+
+    out.print_json(json_lib.dumps(data))
 
 
 def _print_mining_table(report: dict[str, object]) -> None:
@@ -492,198 +524,6 @@ def _print_mining_table(report: dict[str, object]) -> None:
         out.print(
             "seconds per figure by stage: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in stages.items())
         )
-
-
-@app.command()
-def demo(
-    serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve the API after ingesting.")] = True,
-    port: Annotated[int | None, typer.Option()] = None,
-    synthetic: Annotated[
-        int, typer.Option(min=0, help="Synthetic compound figures added to the corpus to train on.")
-    ] = DEMO_SYNTHETIC_FIGURES,
-    train_steps: Annotated[
-        int, typer.Option(min=0, help="Steps of the demo training run (0: no training).")
-    ] = DEMO_TRAIN_STEPS,
-) -> None:
-    """Make sample figures, ingest and mine them, train the small model on them and activate it,
-    then serve the APIs and the search viewer."""
-    from p2p.ingest.samples import write_manifest_folder, write_pmc_package
-
-    settings = _settings()
-    samples = settings.data_dir / "samples"
-    manifest = write_manifest_folder(samples / "figures", count=8)
-    package = write_pmc_package(samples / "PMC9000001.tar.gz")
-    out.print(
-        f"[bold]Panel2Patch demo[/bold] ({settings.profile} profile, data in {settings.data_dir.resolve()})"
-    )
-    out.print(f"made 8 sample figures with a manifest at {manifest} and a PMC package at {package}")
-    ingest([manifest.parent, package], caption=None)
-    if synthetic:
-        ingest([_synthetic_corpus(samples / "synthetic", synthetic)], caption=None)
-    status()
-    out.print(
-        "each figure was mined on the CPU backend: GET /v1/figures/{id} shows its panels (boxes, labels, "
-        "subcaptions, types) and marker regions; `p2p eval mining --dir DIR` scores the miner."
-    )
-    trained = _demo_training(settings, train_steps) if train_steps else None
-    _demo_embedding(settings, trained)
-    if serve:
-        p = port if port is not None else settings.server.port
-        out.print(
-            f"serving the ingest API on http://{settings.server.host}:{p} (docs: /docs) and the search "
-            f"viewer and embedding API on http://{settings.server.host}:{p + 1}/; Ctrl-C stops both"
-        )
-        serve_demo(settings, p)
-
-
-def _synthetic_corpus(folder: Path, count: int) -> Path:
-    """``count`` synthetic compound figures (deterministic) with a manifest of their captions."""
-
-    from p2p.mining.synth.dataset import write_dataset
-
-    manifest = folder / "manifest.jsonl"
-    if manifest.is_file() and sum(1 for _ in manifest.open()) == count:
-        return folder
-    with console.status(f"drawing {count} synthetic compound figures..."):
-        paths = write_dataset(folder, count, seed=2026, size=(800, 640))
-    lines = []
-    for path in paths:
-        truth = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-        lines.append(json.dumps({"image": path.name, "caption": truth["caption"]}))
-    manifest.write_text("\n".join(lines) + "\n")
-    out.print(f"drew {count} synthetic compound figures with captions in {folder}")
-    return folder
-
-
-def _demo_training(settings: Settings, steps: int) -> uuid.UUID | None:
-    """Train the small preset on the corpus (once) and activate it; its model version, or None."""
-    from p2p.training import runs
-
-    runtime = _runtime(settings)
-    try:
-        with runtime.session() as session:
-            done = session.scalar(
-                select(TrainingRun)
-                .where(TrainingRun.name == DEMO_RUN_NAME, TrainingRun.status == TrainingRunStatus.COMPLETED)
-                .order_by(TrainingRun.created_at.desc())
-            )
-            if done is not None and done.model_version_id is not None:
-                out.print(f"the demo model was trained before (run {done.id}); skipping training")
-                return done.model_version_id
-            body = TrainingRunCreate.model_validate(
-                {
-                    "name": DEMO_RUN_NAME,
-                    "preset": "small",
-                    "config": {"max_steps": steps},
-                    # The demo's test split alone holds ~20 figures: score on both held-out splits.
-                    "options": {
-                        "checkpoint_every": max(steps // 4, 1),
-                        "activate": False,
-                        "eval_split": "val+test",
-                    },
-                }
-            )
-            try:
-                run = runs.create_run(session, runtime.dispatcher, runtime.store, body=body)
-            except P2PError as exc:
-                out.print(f"[yellow]no demo training: {exc.message}[/yellow]")
-                return None
-            run_id = run.id
-        out.print(f"training the small hierarchical CLIP model for {steps} steps (run {run_id})")
-        if follow(runtime, run_id) != "completed":
-            return None
-        with runtime.session() as session:
-            finished = session.get(TrainingRun, run_id)
-            return finished.model_version_id if finished is not None else None
-    finally:
-        runtime.close()
-
-
-def _demo_embedding(settings: Settings, version_id: uuid.UUID | None) -> None:
-    """Index the corpus with ``version_id`` (the demo's trained model; else the default model,
-    registered once), then show one search."""
-    from p2p.embedding_api import vectors
-    from p2p.embedding_api.indexing import register
-    from p2p.models.modeling import DEFAULT_MODEL_NAME, default_spec, load_model
-    from p2p.models.registry import activate, get_space, spec_of
-
-    runtime = _runtime(settings)
-    try:
-        space = settings.embedding.space
-        with runtime.session() as session:
-            version = session.get(ModelVersion, version_id) if version_id is not None else None
-            if version is None:
-                version = session.scalar(
-                    select(ModelVersion)
-                    .where(ModelVersion.name == DEFAULT_MODEL_NAME, ModelVersion.training_run_id.is_(None))
-                    .order_by(ModelVersion.created_at.desc())
-                )
-            if version is None:
-                version = register(session, default_spec(), "1", store=runtime.store)
-                out.print(f"registered the default embedding model {version.name} {version.version}")
-            row = get_space(session, space)
-            if row is None or row.active_version_id != version.id or version.status is not ModelStatus.READY:
-                activate(session, runtime.dispatcher, version_id=version.id, space=space)
-            version_id = version.id
-            spec = spec_of(version)
-            trained = version.training_run_id is not None
-        if isinstance(runtime.dispatcher, InProcessDispatcher):
-            runtime.dispatcher.wait_idle(900)
-        with runtime.session() as session:
-            ready = session.get(ModelVersion, version_id)
-            assert ready is not None
-            state, progress = ready.status, dict(ready.progress or {})
-        if state is not ModelStatus.READY:
-            out.print(f"embedding index not ready ({state}): `p2p models list` shows its progress")
-            return
-        what = "trained by the demo run" if trained else "its vision tower is untrained until a training run"
-        out.print(
-            f"embedded {progress.get('done')} figures, panels and regions with {spec.name} {ready.version} "
-            f"({progress.get('items_per_s')} items/s); {what}"
-        )
-        model = load_model(spec, store=runtime.store, threads=settings.embedding.torch_threads)
-        query = "fluorescence micrograph of cells"
-        with runtime.engine.connect() as conn:
-            hits = vectors.search(conn, version_id, model.encode_texts([query])[0], level="panel", k=3)
-        out.print(f"search '{query}' (panels): " + ", ".join(f"{h.item_id} ({h.score:.3f})" for h in hits))
-    finally:
-        runtime.close()
-
-
-def serve_demo(settings: Settings, port: int) -> None:
-    """Serve the ingest API on ``port`` and the embedding API with the viewer on ``port + 1`` from one
-    runtime (one embedded database, one task pool) until interrupted."""
-
-    import uvicorn
-
-    from p2p.apps.embedding import embedding_app
-    from p2p.apps.ingest import ingest_app
-
-    _refuse_open_bind_without_keys(settings, settings.server.host)
-    runtime = _runtime(settings)
-    try:
-        embedding = uvicorn.Server(
-            uvicorn.Config(
-                embedding_app(runtime=runtime),
-                host=settings.server.host,
-                port=port + 1,
-                log_level="warning",
-            )
-        )
-        thread = threading.Thread(target=embedding.run, name="embedding-api", daemon=True)
-        thread.start()
-        try:
-            uvicorn.run(
-                ingest_app(runtime=runtime),
-                host=settings.server.host,
-                port=port,
-                log_level=settings.log_level.lower(),
-            )
-        finally:
-            embedding.should_exit = True
-            thread.join(timeout=30)
-    finally:
-        runtime.close()
 
 
 if __name__ == "__main__":

@@ -9,18 +9,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
 
 from p2p.cli.common import open_runtime, settings_or_exit
+from p2p.cli.consoles import make_console
+from p2p.cli.progress import progress as progress_bar
 from p2p.shared.db.models import EmbeddingSpace, ModelStatus, ModelVersion
 from p2p.shared.errors import P2PError
 
 models_app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 
 
 def _runtime() -> Any:
@@ -90,23 +91,47 @@ def list_cmd() -> None:
     out.print(table)
 
 
+def follow_reindex(runtime: Any, version_id: uuid.UUID) -> tuple[Any, dict[str, Any], str | None]:
+    """Re-index progress until the version is ready or failed: (status, progress, error)."""
+    from p2p.shared.db.models import ModelStatus, ModelVersion
+
+    columns = (
+        TextColumn("re-index"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with progress_bar(err, *columns) as bar:
+        task = bar.add_task("re-index", total=None)
+        while True:
+            with runtime.session() as session:
+                row = session.get(ModelVersion, version_id)
+                assert row is not None
+                status, state, error = row.status, dict(row.progress or {}), row.error
+            bar.update(task, total=state.get("total"), completed=state.get("done", 0))
+            if status in (ModelStatus.READY, ModelStatus.FAILED):
+                return status, state, error
+            time.sleep(0.5)
+
+
 @models_app.command("activate")
 def activate_cmd(
-    version_id: Annotated[str, typer.Argument(help="Model version id.")],
+    version_id: Annotated[str, typer.Argument(help="Model version id, or its first 8 or more characters.")],
     space: Annotated[str | None, typer.Option(help="Embedding space (default: the configured one).")] = None,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the re-index to its end.")] = True,
 ) -> None:
     """Re-embed the corpus with a version; the space switches when it is complete."""
+    from p2p.cli.ids import IdError, resolve_id
     from p2p.models.registry import activate
 
     runtime = _runtime()
     try:
-        try:
-            vid = uuid.UUID(version_id)
-        except ValueError as exc:
-            raise _fail(ValueError(f"not a model version id: {version_id}")) from exc
         name = space or runtime.settings.embedding.space
         with runtime.session() as session:
+            try:
+                vid = resolve_id(session, ModelVersion, version_id, what="model version")
+            except IdError as exc:
+                raise _fail(exc) from exc
             try:
                 activate(session, runtime.dispatcher, version_id=vid, space=name)
             except P2PError as exc:
@@ -114,22 +139,7 @@ def activate_cmd(
         if not wait:
             out.print(f"re-index of {vid} for space {name} queued")
             return
-        with Progress(
-            TextColumn("re-index"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-        ) as bar:
-            task = bar.add_task("reindex", total=None)
-            while True:
-                with runtime.session() as session:
-                    row = session.get(ModelVersion, vid)
-                    assert row is not None
-                    status, progress, error = row.status, dict(row.progress or {}), row.error
-                bar.update(task, total=progress.get("total"), completed=progress.get("done", 0))
-                if status in (ModelStatus.READY, ModelStatus.FAILED):
-                    break
-                time.sleep(0.5)
+        status, progress, error = follow_reindex(runtime, vid)
         if status is ModelStatus.FAILED:
             raise _fail(RuntimeError(f"re-index failed: {error}"))
         out.print(

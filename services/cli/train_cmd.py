@@ -9,19 +9,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from p2p.cli.common import open_runtime, settings_or_exit
+from p2p.cli.consoles import make_console
+from p2p.cli.progress import progress
 from p2p.shared.errors import NotFound, P2PError
 from p2p.shared.queue import InProcessDispatcher
 from p2p.shared.runtime import Runtime
 from p2p.training.schemas import TrainingRunCreate
 
 train_app = typer.Typer(help="Hierarchical CLIP training runs.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 POLL_S = 0.5
 
 
@@ -34,11 +35,16 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _run_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError as exc:
-        raise _fail(f"not a run id: {text!r}") from exc
+def _run_id(runtime: Runtime, text: str) -> uuid.UUID:
+    """A full run id or a prefix of one (tables print the first 8 characters)."""
+    from p2p.cli.ids import IdError, resolve_id
+    from p2p.shared.db.models import TrainingRun
+
+    with runtime.session() as session:
+        try:
+            return resolve_id(session, TrainingRun, text, what="training run")
+        except IdError as exc:
+            raise _fail(str(exc)) from exc
 
 
 def config_overrides(
@@ -163,17 +169,16 @@ def follow(runtime: Runtime, run_id: uuid.UUID) -> str:
     )
     run = _load(runtime, run_id)
     try:
-        with Progress(*columns, console=out, transient=False) as bar:
+        with progress(out, *columns) as bar:
             task = bar.add_task(run.status.value, total=None, info="")
             while not run.status.finished:
-                progress = run.progress or {}
-                total = progress.get("total_steps")
+                state = run.progress or {}
                 bar.update(
                     task,
                     description=run.status.value,
-                    completed=progress.get("step") or 0,
-                    total=total,
-                    info=progress_line(progress),
+                    completed=state.get("step") or 0,
+                    total=state.get("total_steps"),
+                    info=progress_line(state),
                 )
                 time.sleep(POLL_S)
                 run = _load(runtime, run_id)
@@ -209,17 +214,29 @@ def progress_line(progress: dict[str, Any]) -> str:
 
 
 def metrics_table(metrics: dict[str, Any]) -> Table | None:
+    """Trained against untrained, in R@1/5/10 order, with each metric's item count and the score
+    random ranking would get (chance)."""
+    from p2p.training.evaluate import chance, ordered_metrics
+
     if "trained" not in metrics:
         return None
+    trained, untrained = metrics["trained"], metrics["untrained"]
     table = Table(title=f"evaluation on the {metrics.get('split')} split")
-    for column in ("metric", "untrained", "trained", ""):
-        table.add_column(column, justify="right" if column else "left")
+    for column in ("metric", "n", "chance", "untrained", "trained", ""):
+        table.add_column(column, justify="left" if column == "metric" else "right")
     improved = metrics.get("improved", {})
-    for key in sorted(metrics["trained"]):
-        if key.endswith(" n"):
-            continue
-        mark = "better" if improved.get(key) else "not better"
-        table.add_row(key, f"{metrics['untrained'][key]:.3f}", f"{metrics['trained'][key]:.3f}", mark)
+    for key in ordered_metrics(trained):
+        task = "zero-shot" if key.startswith("zero-shot") else key.partition(" ")[0]
+        n = trained.get(f"{task} n")
+        level = chance(key, trained)
+        table.add_row(
+            key,
+            "" if n is None else str(n),
+            "" if level is None else f"{level:.3f}",
+            f"{untrained[key]:.3f}",
+            f"{trained[key]:.3f}",
+            "better" if improved.get(key) else "not better",
+        )
     return table
 
 
@@ -256,7 +273,7 @@ def show_cmd(
     runtime = _runtime()
     try:
         try:
-            run = _load(runtime, _run_id(run_id))
+            run = _load(runtime, _run_id(runtime, run_id))
         except NotFound as exc:
             raise _fail(exc.message) from exc
         if follow_ and not run.status.finished:
@@ -302,9 +319,10 @@ def cancel_cmd(run_id: str) -> None:
 
     runtime = _runtime()
     try:
+        target = _run_id(runtime, run_id)
         with runtime.session() as session:
             try:
-                run = runs.cancel_run(session, _run_id(run_id))
+                run = runs.cancel_run(session, target)
             except P2PError as exc:
                 raise _fail(exc.message) from exc
             out.print(

@@ -26,7 +26,7 @@ from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
 from p2p.models.modeling import default_spec, load_model
 from p2p.models.registry import spec_of
-from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers, install_guards
+from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers, install_guards, log_startup
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
@@ -163,6 +163,7 @@ def create_app(
         rt = runtime or build_runtime(settings)
         app.state.runtime = rt
         set_process_runtime(rt)
+        log_startup(settings, "embedding API")
         refresher: asyncio.Task[None] | None = None
         sweeper = start_embedded_recovery(rt)
         try:

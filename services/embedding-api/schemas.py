@@ -6,10 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, Field, StringConstraints
 
-from p2p.shared.db.models import LicenseGroup, ModelStatus, RegionKind
-from p2p.shared.schemas import StrictModel
+from p2p.shared.db.models import LicenseGroup, ModelStatus
+from p2p.shared.schemas import PanelPublic, RegionPublic, StrictModel
 
 Level = Literal["figure", "panel", "region"]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
@@ -45,13 +45,19 @@ class EmbedPublic(BaseModel):
 
 
 class SearchFiltersCreate(StrictModel):
-    figure_type: str | None = None
-    license_group: LicenseGroup | None = None
-    year_min: int | None = None
-    year_max: int | None = None
-    journal: str | None = None
-    article_id: uuid.UUID | None = None
-    figure_id: uuid.UUID | None = None
+    """Metadata filters; every given key must match (AND)."""
+
+    figure_type: str | None = Field(
+        default=None, description="The panel's mined type: image, plot, schematic or table."
+    )
+    license_group: LicenseGroup | None = Field(default=None, description="The article's license group.")
+    year_min: int | None = Field(default=None, description="Publication year, inclusive.")
+    year_max: int | None = Field(default=None, description="Publication year, inclusive.")
+    journal: str | None = Field(default=None, description="Journal name, exact.")
+    article_id: uuid.UUID | None = Field(
+        default=None, description="Only this article (GET /v1/figures: article.id)."
+    )
+    figure_id: uuid.UUID | None = Field(default=None, description="Only this figure's panels or regions.")
 
 
 class ItemRef(StrictModel):
@@ -63,13 +69,13 @@ class SearchCreate(StrictModel):
     """One query: ``text``, or ``item`` (an embedded figure/panel/region: its stored vector). Image
     queries are multipart uploads (``image``, optional ``box``) with the other fields as form fields."""
 
-    text: str | None = None
-    item: ItemRef | None = None
-    level: Level = "panel"
-    k: int = 10
-    offset: int = 0
+    text: str | None = Field(default=None, description="A text query.")
+    item: ItemRef | None = Field(default=None, description="A stored figure, panel or region as the query.")
+    level: Level = Field(default="panel", description="What to return: figures, panels or regions.")
+    k: int = Field(default=10, description="Hits per page (at most embedding.max_k).")
+    offset: int = Field(default=0, description="Hits to skip: the next page is offset + k.")
     filters: SearchFiltersCreate = Field(default_factory=SearchFiltersCreate)
-    exact: bool = False
+    exact: bool = Field(default=False, description="Exact scan instead of the HNSW index (evaluation).")
 
 
 class ArticleBrief(BaseModel):
@@ -132,61 +138,24 @@ class SearchPublic(BaseModel):
 # --- items -----------------------------------------------------------------------------------------
 
 
-class RegionDetailPublic(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+class CorpusPublic(BaseModel):
+    """What the viewer's landing page shows: corpus counts and a page of the newest figures."""
 
-    id: uuid.UUID
-    panel_id: uuid.UUID
-    ordinal: int
-    box_in_panel: list[float]
-    box_in_figure: list[float]
-    kind: RegionKind
-    marker_type: str | None
-    crop_url: str | None
-    caption_text: str | None
-    description: str | None
-    confidence: float | None
-    provenance: dict[str, Any]
+    figures: int
+    panels: int
+    regions: int
+    articles: int
+    offset: int
+    limit: int
+    recent: list[FigureBrief] = Field(description="Newest figures first.")
 
 
-class PanelDetailPublic(BaseModel):
-    id: uuid.UUID
-    figure_id: uuid.UUID
-    ordinal: int
-    label: str | None
-    box: list[float]
-    crop_url: str | None
-    subcaption: str | None
-    description: str | None
-    figure_type: str | None
-    modality: str | None
-    confidence: float | None
-    provenance: dict[str, Any]
-    regions: list[RegionDetailPublic]
-
-
-class FigureDetailPublic(BaseModel):
-    id: uuid.UUID
-    status: str
-    caption: str
-    figure_label: str | None
-    width: int
-    height: int
-    format: str
-    image_url: str
-    source: str
-    created_at: datetime
-    article: ArticleBrief | None
-    miner_version: str | None  # of the miner whose panels these are; None until mined
-    panels: list[PanelDetailPublic]
-
-
-class PanelItemPublic(PanelDetailPublic):
+class PanelItemPublic(PanelPublic):
     figure: FigureBrief
     article: ArticleBrief | None
 
 
-class RegionItemPublic(RegionDetailPublic):
+class RegionItemPublic(RegionPublic):
     figure_id: uuid.UUID
     panel: PanelBrief
     figure: FigureBrief

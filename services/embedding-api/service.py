@@ -12,26 +12,23 @@ import json
 import uuid
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 from fastapi.concurrency import run_in_threadpool
 from PIL import Image
-from sqlalchemy import Engine, select, union_all
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from p2p.embedding_api import vectors
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.schemas import (
     ArticleBrief,
+    CorpusPublic,
     FigureBrief,
-    FigureDetailPublic,
     HitPublic,
     ModelRef,
     PanelBrief,
-    PanelDetailPublic,
     PanelItemPublic,
-    RegionDetailPublic,
     RegionItemPublic,
     SearchCreate,
     SearchPublic,
@@ -40,21 +37,15 @@ from p2p.shared.db.models import Article, Figure, Panel, Region
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable
 from p2p.shared.images import inspect_image
 from p2p.shared.runtime import Runtime
-from p2p.shared.schemas import MAX_OFFSET
+from p2p.shared.schemas import MAX_OFFSET, FigurePublic, PanelPublic, RegionPublic, crop_url
 from p2p.shared.settings import Settings
-from p2p.shared.storage import ObjectNotFound, ObjectStore, StorageError
-
-CROPS_PREFIX = "/v1/crops/"
+from p2p.shared.storage import ObjectNotFound
 
 
 def model_ref(state: ModelState) -> ModelRef:
     return ModelRef(
         version_id=state.version_id, name=state.name, version=state.version, dim=state.dim, space=state.space
     )
-
-
-def crop_url(key: str | None) -> str | None:
-    return CROPS_PREFIX + quote(key, safe="/") if key else None
 
 
 # --- input checks ----------------------------------------------------------------------------------
@@ -212,26 +203,6 @@ def stored_vector(engine: Engine, *, version_id: uuid.UUID, level: str, item_id:
             f"{level} {item_id} has no vector in the active model version", error_type="not_embedded"
         )
     return vector
-
-
-def served_key(session: Session, key: str) -> bool:
-    """Only figure images and mined crops are served, never other objects of the store."""
-    query = union_all(
-        select(Figure.id).where(Figure.object_key == key).limit(1),
-        select(Panel.id).where(Panel.crop_key == key).limit(1),
-        select(Region.id).where(Region.crop_key == key).limit(1),
-    )
-    return session.execute(query).first() is not None
-
-
-def presigned_url(store: ObjectStore, key: str, *, ttl_s: int) -> str | None:
-    presign = getattr(store, "presigned_url", None)
-    if presign is None:
-        return None
-    try:
-        return str(presign(key, expires_s=ttl_s))
-    except StorageError:
-        return None
 
 
 # --- search ----------------------------------------------------------------------------------------
@@ -476,42 +447,7 @@ def filters_from_form(raw: str | None) -> dict[str, Any]:
 # --- items -----------------------------------------------------------------------------------------
 
 
-def _region_detail(region: Region) -> RegionDetailPublic:
-    return RegionDetailPublic(
-        id=region.id,
-        panel_id=region.panel_id,
-        ordinal=region.ordinal,
-        box_in_panel=list(region.box_in_panel),
-        box_in_figure=list(region.box_in_figure),
-        kind=region.kind,
-        marker_type=region.marker_type,
-        crop_url=crop_url(region.crop_key),
-        caption_text=region.caption_text,
-        description=region.description,
-        confidence=region.confidence,
-        provenance=region.provenance or {},
-    )
-
-
-def _panel_fields(panel: Panel) -> dict[str, Any]:
-    return {
-        "id": panel.id,
-        "figure_id": panel.figure_id,
-        "ordinal": panel.ordinal,
-        "label": panel.label,
-        "box": list(panel.box),
-        "crop_url": crop_url(panel.crop_key),
-        "subcaption": panel.subcaption,
-        "description": panel.description,
-        "figure_type": panel.figure_type,
-        "modality": panel.modality,
-        "confidence": panel.confidence,
-        "provenance": panel.provenance or {},
-        "regions": [_region_detail(r) for r in panel.regions],
-    }
-
-
-def figure_detail(session: Session, figure_id: uuid.UUID) -> FigureDetailPublic:
+def figure_detail(session: Session, figure_id: uuid.UUID) -> FigurePublic:
     figure = session.scalars(
         select(Figure)
         .where(Figure.id == figure_id)
@@ -523,20 +459,24 @@ def figure_detail(session: Session, figure_id: uuid.UUID) -> FigureDetailPublic:
     ).first()
     if figure is None:
         raise NotFound(f"no figure {figure_id}")
-    return FigureDetailPublic(
-        id=figure.id,
-        status=str(figure.status),
-        caption=figure.caption,
-        figure_label=figure.figure_label,
-        width=figure.width,
-        height=figure.height,
-        format=figure.format,
-        image_url=crop_url(figure.object_key) or "",
-        source=figure.source,
-        created_at=figure.created_at,
-        article=_article(figure.article),
-        miner_version=figure.miner_version,
-        panels=[PanelDetailPublic(**_panel_fields(p)) for p in figure.panels],
+    return FigurePublic.model_validate(figure)
+
+
+def corpus_overview(session: Session, *, limit: int, offset: int) -> CorpusPublic:
+    def count(model: Any) -> int:
+        return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+    newest = session.scalars(
+        select(Figure).order_by(Figure.created_at.desc(), Figure.id).limit(limit).offset(offset)
+    )
+    return CorpusPublic(
+        figures=count(Figure),
+        panels=count(Panel),
+        regions=count(Region),
+        articles=count(Article),
+        offset=offset,
+        limit=limit,
+        recent=[figure_brief(f) for f in newest],
     )
 
 
@@ -549,7 +489,9 @@ def panel_item(session: Session, panel_id: uuid.UUID) -> PanelItemPublic:
     if panel is None:
         raise NotFound(f"no panel {panel_id}")
     return PanelItemPublic(
-        **_panel_fields(panel), figure=figure_brief(panel.figure), article=_article(panel.figure.article)
+        **PanelPublic.model_validate(panel).model_dump(exclude={"crop_url"}),
+        figure=figure_brief(panel.figure),
+        article=_article(panel.figure.article),
     )
 
 
@@ -563,7 +505,7 @@ def region_item(session: Session, region_id: uuid.UUID) -> RegionItemPublic:
         raise NotFound(f"no region {region_id}")
     figure = region.panel.figure
     return RegionItemPublic(
-        **_region_detail(region).model_dump(),
+        **RegionPublic.model_validate(region).model_dump(exclude={"crop_url"}),
         figure_id=figure.id,
         panel=panel_brief(region.panel),
         figure=figure_brief(figure),

@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from p2p.ingest.routes import batches, figures, health, jobs
-from p2p.shared.api import BodySizeLimit, install_error_handlers, install_guards
+from p2p.ingest.routes import batches, crops, figures, health, jobs
+from p2p.shared.api import BodySizeLimit, install_error_handlers, install_guards, log_startup
 from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings, get_settings
@@ -17,18 +17,6 @@ from p2p.shared.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 MULTIPART_OVERHEAD = 1024 * 1024
-
-
-def startup_notice(settings: Settings) -> str:
-    parts = [
-        f"profile={settings.profile}",
-        "database=embedded PostgreSQL" if settings.embedded_db else "database=configured server",
-        "objects=local folder" if settings.embedded_store else f"objects=s3 {settings.s3.endpoint}",
-        "queue=in-process" if settings.embedded_queue else "queue=redis",
-    ]
-    if not settings.auth_required:
-        parts.append("AUTH DISABLED: write endpoints are open; bind to 127.0.0.1 only")
-    return "ingest API: " + ", ".join(parts)
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
@@ -39,7 +27,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         owned = runtime is None
         app.state.runtime = runtime or build_runtime(settings)
         set_process_runtime(app.state.runtime)
-        log.log(logging.INFO if settings.auth_required else logging.WARNING, startup_notice(settings))
+        log_startup(settings, "ingest API")
         sweeper = start_embedded_recovery(app.state.runtime)
         try:
             yield
@@ -64,6 +52,6 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         max_body_bytes=body_cap,
         per_path={"/v1/batches/upload": settings.ingest.max_package_upload_bytes + MULTIPART_OVERHEAD},
     )
-    for module in (health, figures, jobs, batches):
+    for module in (health, figures, crops, jobs, batches):
         app.include_router(module.router)
     return app

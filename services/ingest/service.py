@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -50,7 +51,31 @@ def validate_caption(caption: str, *, max_chars: int) -> str:
         )
     if "\x00" in caption:
         raise InvalidInput("caption contains a NUL character", error_type="invalid_caption")
+    if looks_like_multipart(caption):
+        raise InvalidInput(
+            "the caption is a multipart body, not text: curl -F reads a value starting with '(' as a "
+            "nested multipart part and one starting with '@' or '<' as a file; send the caption with "
+            "--form-string caption=...",
+            error_type="invalid_caption",
+        )
     return caption.strip()
+
+
+# A multipart delimiter line: "--" and a boundary of RFC 2046's characters, "--" after the last.
+_DELIMITER = re.compile(r"--([0-9A-Za-z'()+_,./:=?-]{1,70}?)(--)?")
+
+
+def looks_like_multipart(caption: str) -> bool:
+    """True when the text is a (nested) multipart body: its first line is a delimiter and the
+    matching close delimiter ends a line of it. curl sends `-F "caption=(A) ..."` as an empty
+    nested multipart/mixed part, which a form parser hands on as that body."""
+    lines = [line.rstrip() for line in caption.strip().splitlines()]
+    match = _DELIMITER.fullmatch(lines[0]) if lines else None
+    if match is None:
+        return False
+    if match.group(2):  # the body is one close delimiter: an empty multipart
+        return len(lines) == 1
+    return f"--{match.group(1)}--" in lines[1:]
 
 
 def ingest_figure(

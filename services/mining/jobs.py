@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from p2p.mining.lvlm.client import LvlmUnavailable
 from p2p.mining.lvlm.prompts import FigureContext
+from p2p.mining.miner import Miner
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
 from p2p.shared import jobs as durable
@@ -61,7 +62,9 @@ def job_backend(runtime: Runtime, job_id: uuid.UUID) -> str | None:
         return session.scalar(select(MiningJob.backend).where(MiningJob.id == job_id))
 
 
-def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any = None) -> JobOutcome:
+def mine_job(
+    runtime: Runtime, job_id: uuid.UUID, miner: Miner, *, fallback: Miner | None = None
+) -> JobOutcome:
     """Mine one job with ``miner`` (a CpuMiner or an LvlmMiner).
 
     When the model server is unavailable the job goes back to "queued" and the error propagates
@@ -75,7 +78,7 @@ def mine_job(runtime: Runtime, job_id: uuid.UUID, miner: Any, *, fallback: Any =
         return _mine_locked(runtime, lease, miner, fallback)
 
 
-def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Any, fallback: Any) -> JobOutcome:
+def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Miner, fallback: Miner | None) -> JobOutcome:
     job_id = lease.job_id
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
@@ -197,7 +200,7 @@ def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Any, fallback: A
 
 
 def _provenance(
-    miner: Any, params: dict[str, Any], job_id: uuid.UUID, result: MiningResult
+    miner: Miner, params: dict[str, Any], job_id: uuid.UUID, result: MiningResult
 ) -> dict[str, Any]:
     """What every panel and region of the job records about the miner that made it."""
     provenance: dict[str, Any] = {

@@ -8,256 +8,115 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from p2p.mining.types import CaptionSplit, LabelDetection, MinedPanel, MiningResult, PanelCandidate, Region
+from p2p.mining.captions import find_marker_mentions, split_caption
+from p2p.mining.cpu.context import Stage, StageContext, check_order
+from p2p.mining.cpu.labels.read import assign_labels, find_labels, reading_order, warm_up
+from p2p.mining.cpu.labels.split import split_at_labels
+from p2p.mining.cpu.labels.trim import trim_labels
+from p2p.mining.cpu.markers.net import shipped_fusion
+from p2p.mining.cpu.markers.net import shipped_net as shipped_marker_net
+from p2p.mining.cpu.markers.rules import detect_markers
+from p2p.mining.cpu.panel_type import default_classifier
+from p2p.mining.cpu.segmentation.axis_strips import return_axis_strips
+from p2p.mining.cpu.segmentation.count_guided import join_unlabelled
+from p2p.mining.cpu.segmentation.seam_net import shipped_net as shipped_seam_net
+from p2p.mining.cpu.segmentation.seams import default_model as seam_model
+from p2p.mining.cpu.segmentation.segment import segment_figure
+from p2p.mining.label_repair import repair_with_caption
+from p2p.mining.params import (
+    AxisStripParams,
+    CountParams,
+    CpuParams,
+    LabelParams,
+    LabelSplitParams,
+    LabelTrimParams,
+    MarkerParams,
+    PostprocessParams,
+    RegionParams,
+    load_params,
+)
+from p2p.mining.postprocess import TextEncoder, postprocess
+from p2p.mining.regions import fuse_regions
+from p2p.mining.types import FigureContext, MinedPanel, MiningResult, PanelCandidate
+from p2p.mining.version import cpu_version
 from p2p.shared import geometry
 
 log = logging.getLogger(__name__)
 
 BACKEND = "cpu"
-BACKEND_VERSION = "cpu-1"
-
-
-@dataclass(frozen=True)
-class CpuMinerParams:
-    tau: float = 0.15  # caption-box gate: normalised distance to a marker centre
-    nms_iou: float = 0.7
-    merge_cosine: float = 0.9
-    max_side: int = 4000  # figures are mined at most this large (longest side), boxes mapped back
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "tau": self.tau,
-            "nms_iou": self.nms_iou,
-            "merge_cosine": self.merge_cosine,
-            "max_side": self.max_side,
-        }
-
-
-@dataclass
-class _Timer:
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
 class CpuMiner:
-    """Loads its models once; ``mine`` is safe to call from several threads."""
+    """Loads its models once; ``mine`` is safe to call from several threads (each figure has its
+    own ``StageContext``; nothing is kept between figures)."""
 
     backend = BACKEND
-    version = BACKEND_VERSION
     prompt_version: str | None = None
 
     def __init__(
         self,
-        params: CpuMinerParams | None = None,
+        params: CpuParams | None = None,
         *,
-        text_encoder: Any = None,
+        text_encoder: TextEncoder | None = None,
         load_text_encoder: bool = True,
     ) -> None:
-        from p2p.mining.cpu.labels import warm_up
-        from p2p.mining.cpu.marker_net import shipped_fusion, shipped_net
-        from p2p.mining.cpu.panel_type import default_classifier
-        from p2p.mining.cpu.seam_net import shipped_net as seam_net
-        from p2p.mining.cpu.seams import default_model as seam_model
-
-        self.params = params or CpuMinerParams()
+        self.params = params or load_params()
+        self.params_name = self.params.name
+        self.version = cpu_version(self.params)
         self._text_encoder = text_encoder
         self._encoder_lock = threading.Lock()
         self.panel_types = default_classifier()
         warm_up()  # OCR models load now, not on the first figure
-        shipped_net()  # the marker network too: a missing weights file stops the worker at start
+        shipped_marker_net()  # the marker network too: a missing weights file stops the worker at start
         shipped_fusion()  # and the fusion model stored beside it
         seam_model()  # and the segmenter's seam splitter
-        seam_net()  # with the panel-boundary network it reads
+        shipped_seam_net()  # with the panel-boundary network it reads
         if load_text_encoder:
             _ = self.text_encoder.model  # the sentence encoder too
+        self.stages: tuple[Stage, ...] = cpu_stages(self)
 
     @property
-    def text_encoder(self) -> Any:
+    def text_encoder(self) -> TextEncoder:
         with self._encoder_lock:
             if self._text_encoder is None:
-                from p2p.mining.postprocess import TextEncoder
-
                 self._text_encoder = TextEncoder()
             return self._text_encoder
 
     def ensure_ready(self) -> None:
         """Nothing external to wait for: the models are loaded in ``__init__``."""
 
-    def mine(self, image: np.ndarray, caption: str, *, context: Any = None) -> MiningResult:
+    def mine(self, image: np.ndarray, caption: str, *, context: FigureContext | None = None) -> MiningResult:
         """``context`` (title, abstract) is for backends that read it; this one does not."""
-        from p2p.mining.captions import split_caption
-        from p2p.mining.cpu.axis_strips import return_axis_strips
-        from p2p.mining.cpu.label_split import split_at_labels
-        from p2p.mining.cpu.label_trim import trim_labels
-        from p2p.mining.cpu.labels import assign_labels, find_labels
-        from p2p.mining.cpu.markers import detect_markers
-        from p2p.mining.cpu.segment import segment_panels
-        from p2p.mining.postprocess import postprocess
-        from p2p.mining.regions import fuse_regions
-
-        timer = _Timer()
-        notes: list[str] = []
         if image.ndim == 2:
             image = np.stack([image] * 3, axis=-1)
         image = np.ascontiguousarray(image[..., :3])
-        height, width = image.shape[:2]
-        if width < 8 or height < 8:
-            notes.append(f"image is {width}x{height} px: too small to mine; kept as one panel")
-            return self._whole_figure(width, height, caption, notes, timer)
+        ctx = StageContext(image=image, caption=caption)
+        if ctx.width < 8 or ctx.height < 8:
+            ctx.notes.append(f"image is {ctx.width}x{ctx.height} px: too small to mine; kept as one panel")
+            return _whole_figure(ctx)
+        for stage in self.stages:
+            ctx.run(stage)
+        return ctx.result()
 
-        with timer.stage("captions"):
-            named = split_caption(caption).labels_in_order
-        with timer.stage("segment"):
-            candidates: list[PanelCandidate] = segment_panels(image, named=len(named) or None)
-        if not candidates:
-            notes.append("no panels found: the whole figure is one panel")
-            candidates = [PanelCandidate(box=(0.0, 0.0, float(width), float(height)), confidence=0.3)]
 
-        with timer.stage("labels"):
-            detections: list[LabelDetection] = find_labels(image, candidates)
-            labels = assign_labels(candidates, detections)
-            candidates, labels, detections = split_at_labels(
-                image, candidates, labels, detections, named=named
-            )
-            candidates, labels = _join_pieces(candidates, labels, named)
-        with timer.stage("segment"):
-            candidates = trim_labels(image, candidates, labels, detections)
-            candidates = return_axis_strips(image, candidates, detections)
-        candidates, labels = in_reading_order(candidates, labels)
-        label_boxes = {d.text: d.box for d in detections}
-
-        with timer.stage("captions"):
-            if any(labels) and len(candidates) > 1:
-                repaired = self._repair_labels(caption, labels)
-                if repaired != labels:
-                    notes.append("panel labels completed from the caption's label sequence")
-                    labels = repaired
-            known = [label for label in labels if label]
-            split: CaptionSplit = split_caption(caption, known or None)
-        if not any(labels):
-            if split.labels_in_order and len(candidates) > 1:
-                notes.append("no panel labels read: caption labels assigned in reading order")
-                labels = [
-                    split.labels_in_order[i] if i < len(split.labels_in_order) else None
-                    for i in range(len(candidates))
-                ]
-            elif len(candidates) > 1:
-                notes.append("no panel labels in image or caption: panels are unlabelled")
-        missing = [label for label in split.labels_in_order if label not in labels]
-        if missing:
-            notes.append(
-                f"caption names {len(split.labels_in_order)} panels, {len(candidates)} found; "
-                f"no panel for {', '.join(missing)}"
-            )
-
-        panels: list[MinedPanel] = []
-        with timer.stage("panel_type"):
-            for candidate, label in zip(candidates, labels, strict=True):
-                x1, y1, x2, y2 = (round(v) for v in candidate.box)
-                crop = image[max(y1, 0) : max(y2, y1 + 1), max(x1, 0) : max(x2, x1 + 1)]
-                kind, type_conf = self.panel_types.classify(crop)
-                subcaption = split.subcaptions.get(label) if label else None
-                if subcaption is None and len(candidates) == 1:
-                    subcaption = caption.strip() or None
-                panels.append(
-                    MinedPanel(
-                        box=candidate.box,
-                        label=label,
-                        label_box=label_boxes.get(label or ""),
-                        figure_type=kind,
-                        type_confidence=type_conf,
-                        confidence=candidate.confidence,
-                        subcaption=subcaption,
-                    )
-                )
-
-        regions: list[Region] = []
-        markers = []
-        kinds_by_panel: dict[int, set[str]] = {}
-        for index, panel in enumerate(panels):
-            if panel.figure_type != "image":
-                continue
-            with timer.stage("markers"):
-                found = [
-                    m
-                    for m in detect_markers(image, panel.box)
-                    if not _on_label(m.glyph_box, label_boxes.values())
-                ]
-            markers.extend(found)
-            fragments = split.marker_fragments.get(panel.label or "", []) if panel.label else []
-            with timer.stage("regions"):
-                fused = fuse_regions(found, [], panel_box=panel.box, tau=self.params.tau, fragments=fragments)
-            for region in fused:
-                region.panel_index = index
-            regions.extend(fused)
-            kinds_by_panel[index] = {m.kind for m in found}
-        with timer.stage("captions"):
-            _marker_notes_to_marked_panels(panels, kinds_by_panel, split.shared_trailing)
-        with timer.stage("postprocess"):
-            if regions:
-                regions = postprocess(
-                    regions,
-                    image_width=width,
-                    image_height=height,
-                    nms_iou=self.params.nms_iou,
-                    merge_cosine=self.params.merge_cosine,
-                    encoder=self.text_encoder if any(r.caption_text for r in regions) else None,
-                )
-        return MiningResult(
-            width=width,
-            height=height,
-            panels=panels,
-            markers=markers,
-            regions=regions,
-            stage_seconds=timer.seconds,
-            notes=notes,
-        )
-
-    @staticmethod
-    def _repair_labels(caption: str, labels: list[str | None]) -> list[str | None]:
-        from p2p.mining.captions import split_caption
-        from p2p.mining.label_repair import repair_with_caption
-
-        # The caption's own labels, from a split without hints: with hints, labels_in_order
-        # follows what OCR read (misreadings appended, unread labels left out).
-        return repair_with_caption(labels, split_caption(caption).labels_in_order)
-
-    def _whole_figure(
-        self, width: int, height: int, caption: str, notes: list[str], timer: _Timer
-    ) -> MiningResult:
-        panel = MinedPanel(
-            box=(0.0, 0.0, float(max(width, 1)), float(max(height, 1))),
-            label=None,
-            label_box=None,
-            figure_type="image",
-            type_confidence=0.0,
-            confidence=0.1,
-            subcaption=caption.strip() or None,
-        )
-        return MiningResult(
-            width=width,
-            height=height,
-            panels=[panel],
-            markers=[],
-            regions=[],
-            stage_seconds=timer.seconds,
-            notes=notes,
-        )
+def _whole_figure(ctx: StageContext) -> MiningResult:
+    panel = MinedPanel(
+        box=(0.0, 0.0, float(max(ctx.width, 1)), float(max(ctx.height, 1))),
+        label=None,
+        label_box=None,
+        figure_type="image",
+        type_confidence=0.0,
+        confidence=0.1,
+        subcaption=ctx.caption.strip() or None,
+    )
+    ctx.panels = [panel]
+    return ctx.result()
 
 
 # Marker words of a caption and the detected kinds that show them (the detector may call an
@@ -283,28 +142,24 @@ def in_reading_order(
     """Panels and their read labels in the reading order the labels follow (rows or columns
     first, see ``labels.reading_order``): the caption repair walks this order, so a figure
     labelled column by column has its unread labels filled from the column, not the row."""
-    from p2p.mining.cpu.labels import reading_order
-
     order = reading_order(candidates, labels)
     return [candidates[i] for i in order], [labels[i] for i in order]
 
 
 def _join_pieces(
-    candidates: list[PanelCandidate], labels: list[str | None], named: list[str]
+    candidates: list[PanelCandidate], labels: list[str | None], named: list[str], params: CountParams
 ) -> tuple[list[PanelCandidate], list[str | None]]:
     """Pieces without a label joined to the labelled panels beside them, when every label the
     caption names is on a panel already (``count_guided.join_unlabelled``)."""
-    from p2p.mining.cpu.count_guided import SPLIT_CONFIDENCE, join_unlabelled
-
     boxes = [(int(c.box[0]), int(c.box[1]), int(c.box[2]), int(c.box[3])) for c in candidates]
-    joined, joined_labels = join_unlabelled(boxes, labels, named)
+    joined, joined_labels = join_unlabelled(boxes, labels, named, params=params)
     if len(joined) == len(boxes):
         return candidates, labels
     confidence = {b: c.confidence for b, c in zip(boxes, candidates, strict=True)}
     panels = [
         PanelCandidate(
             box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])),
-            confidence=confidence.get(b, SPLIT_CONFIDENCE),
+            confidence=confidence.get(b, params.split_confidence),
         )
         for b in joined
     ]
@@ -318,8 +173,6 @@ def _marker_notes_to_marked_panels(
     panels that show such markers, which the caption leaves open and the image settles: it is
     taken out of the subcaptions of the other panels. When no panel shows them (the detector
     missed them), the note stays with every panel, as the caption alone would have it."""
-    from p2p.mining.captions import find_marker_mentions
-
     for note in shared:
         kinds = frozenset().union(*(_SHOWN_BY.get(word, frozenset()) for word in find_marker_mentions(note)))
         if not kinds:
@@ -337,3 +190,274 @@ def _on_label(glyph: geometry.Box, label_boxes: Iterable[geometry.Box]) -> bool:
     glyph_area = geometry.area(glyph) or 1.0
     grown = [(b[0] - 4, b[1] - 4, b[2] + 4, b[3] + 4) for b in label_boxes]
     return any(geometry.intersection(glyph, b) >= 0.5 * glyph_area for b in grown)
+
+
+# --------------------------------------------------------------------------------------------
+# the stages, in the order the miner runs them (``cpu_stages``)
+
+
+def _named(ctx: StageContext) -> None:
+    ctx.named = split_caption(ctx.caption).labels_in_order
+
+
+@dataclass(frozen=True)
+class _SegmentStage:
+    params: CpuParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        p = self.params
+        segmentation = segment_figure(
+            ctx.image,
+            named=len(ctx.named) or None,
+            params=p.segment,
+            seam_params=p.seams,
+            count_params=p.count_guided,
+        )
+        ctx.candidates, ctx.analysis = segmentation.panels, segmentation.analysis
+        if not ctx.candidates:
+            ctx.notes.append("no panels found: the whole figure is one panel")
+            box = (0.0, 0.0, float(ctx.width), float(ctx.height))
+            ctx.candidates = [PanelCandidate(box=box, confidence=0.3)]
+
+
+@dataclass(frozen=True)
+class _LabelStage:
+    params: LabelParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.detections = find_labels(ctx.image, ctx.candidates, analysis=ctx.analysis, params=self.params)
+        ctx.labels = assign_labels(ctx.candidates, ctx.detections, params=self.params)
+
+
+@dataclass(frozen=True)
+class _SplitAtLabelsStage:
+    params: LabelSplitParams
+    split_confidence: float
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.candidates, ctx.labels, ctx.detections = split_at_labels(
+            ctx.image,
+            ctx.candidates,
+            ctx.labels,
+            ctx.detections,
+            named=ctx.named,
+            analysis=ctx.analysis,
+            params=self.params,
+            split_confidence=self.split_confidence,
+        )
+
+
+@dataclass(frozen=True)
+class _JoinUnlabelledStage:
+    params: CountParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.candidates, ctx.labels = _join_pieces(ctx.candidates, ctx.labels, ctx.named, self.params)
+
+
+@dataclass(frozen=True)
+class _TrimLabelsStage:
+    params: LabelTrimParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.candidates = trim_labels(
+            ctx.image, ctx.candidates, ctx.labels, ctx.detections, analysis=ctx.analysis, params=self.params
+        )
+
+
+@dataclass(frozen=True)
+class _AxisStripStage:
+    params: AxisStripParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.candidates = return_axis_strips(
+            ctx.image, ctx.candidates, ctx.detections, analysis=ctx.analysis, params=self.params
+        )
+
+
+def _reading_order(ctx: StageContext) -> None:
+    ctx.candidates, ctx.labels = in_reading_order(ctx.candidates, ctx.labels)
+
+
+def _caption_labels(ctx: StageContext) -> None:
+    """The labels completed from the caption's sequence, and the caption split on them."""
+    labels, candidates = ctx.labels, ctx.candidates
+    if any(labels) and len(candidates) > 1:
+        repaired = repair_labels(ctx.caption, labels)
+        if repaired != labels:
+            ctx.notes.append("panel labels completed from the caption's label sequence")
+            labels = repaired
+    known = [label for label in labels if label]
+    split = split_caption(ctx.caption, known or None)
+    if not any(labels):
+        if split.labels_in_order and len(candidates) > 1:
+            ctx.notes.append("no panel labels read: caption labels assigned in reading order")
+            labels = [
+                split.labels_in_order[i] if i < len(split.labels_in_order) else None
+                for i in range(len(candidates))
+            ]
+        elif len(candidates) > 1:
+            ctx.notes.append("no panel labels in image or caption: panels are unlabelled")
+    missing = [label for label in split.labels_in_order if label not in labels]
+    if missing:
+        ctx.notes.append(
+            f"caption names {len(split.labels_in_order)} panels, {len(candidates)} found; "
+            f"no panel for {', '.join(missing)}"
+        )
+    ctx.labels, ctx.split = labels, split
+
+
+def repair_labels(caption: str, labels: list[str | None]) -> list[str | None]:
+    """``labels`` (one per panel, in reading order) completed from the caption's label sequence."""
+    # The caption's own labels, from a split without hints: with hints, labels_in_order
+    # follows what OCR read (misreadings appended, unread labels left out).
+    return repair_with_caption(labels, split_caption(caption).labels_in_order)
+
+
+def _subcaptions(ctx: StageContext) -> None:
+    """The mined panels: box, label and its box, type, and the caption's words for each."""
+    assert ctx.split is not None
+    label_boxes = ctx.label_boxes
+    ctx.panels = []
+    for candidate, label, (kind, type_conf) in zip(ctx.candidates, ctx.labels, ctx.panel_types, strict=True):
+        subcaption = ctx.split.subcaptions.get(label) if label else None
+        if subcaption is None and len(ctx.candidates) == 1:
+            subcaption = ctx.caption.strip() or None
+        ctx.panels.append(
+            MinedPanel(
+                box=candidate.box,
+                label=label,
+                label_box=label_boxes.get(label or ""),
+                figure_type=kind,
+                type_confidence=type_conf,
+                confidence=candidate.confidence,
+                subcaption=subcaption,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class _MarkerStage:
+    """Markers on the photographic panels (a label's own frame is no marker)."""
+
+    params: MarkerParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        label_boxes = ctx.label_boxes.values()
+        ctx.markers_by_panel = {
+            index: [
+                m
+                for m in detect_markers(ctx.image, panel.box, params=self.params)
+                if not _on_label(m.glyph_box, label_boxes)
+            ]
+            for index, panel in enumerate(ctx.panels)
+            if panel.figure_type == "image"
+        }
+
+
+def _marker_notes(ctx: StageContext) -> None:
+    assert ctx.split is not None
+    kinds_by_panel = {index: {m.kind for m in found} for index, found in ctx.markers_by_panel.items()}
+    _marker_notes_to_marked_panels(ctx.panels, kinds_by_panel, ctx.split.shared_trailing)
+
+
+@dataclass(frozen=True)
+class _RegionStage:
+    params: RegionParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        assert ctx.split is not None
+        ctx.regions = []
+        for index, found in ctx.markers_by_panel.items():
+            panel = ctx.panels[index]
+            fragments = ctx.split.marker_fragments.get(panel.label or "", []) if panel.label else []
+            fused = fuse_regions(found, [], panel_box=panel.box, tau=self.params.tau, fragments=fragments)
+            for region in fused:
+                region.panel_index = index
+            ctx.regions.extend(fused)
+
+
+@dataclass(frozen=True)
+class _PanelTypeStage:
+    classify: Any  # PanelTypeClassifier.classify: crop -> (type, confidence)
+
+    def __call__(self, ctx: StageContext) -> None:
+        ctx.panel_types = []
+        for candidate in ctx.candidates:
+            x1, y1, x2, y2 = (round(v) for v in candidate.box)
+            crop = ctx.image[max(y1, 0) : max(y2, y1 + 1), max(x1, 0) : max(x2, x1 + 1)]
+            ctx.panel_types.append(self.classify(crop))
+
+
+@dataclass(frozen=True)
+class _PostprocessStage:
+    params: PostprocessParams
+    miner: CpuMiner  # its text encoder, loaded when first needed
+
+    def __call__(self, ctx: StageContext) -> None:
+        if not ctx.regions:
+            return
+        params = self.params
+        ctx.regions = postprocess(
+            ctx.regions,
+            image_width=ctx.width,
+            image_height=ctx.height,
+            nms_iou=params.nms_iou,
+            merge_cosine=params.merge_cosine,
+            encoder=self.miner.text_encoder if any(r.caption_text for r in ctx.regions) else None,
+        )
+
+
+def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
+    """The CPU miner's stages in order, each with its own parameters (``miner.params``).
+    ``panels_*`` stages move panel boxes after segmentation."""
+    p = miner.params
+    stages = (
+        Stage("caption_names", ("caption",), ("named",), _named),
+        Stage("segment", ("image", "named"), ("candidates", "analysis"), _SegmentStage(p)),
+        Stage("labels", ("image", "candidates", "analysis"), ("detections", "labels"), _LabelStage(p.labels)),
+        Stage(
+            "panels_split_at_labels",
+            ("image", "candidates", "labels", "detections", "named", "analysis"),
+            ("candidates", "labels", "detections"),
+            _SplitAtLabelsStage(p.label_split, p.count_guided.split_confidence),
+        ),
+        Stage(
+            "panels_join_unlabelled",
+            ("candidates", "labels", "named"),
+            ("candidates", "labels"),
+            _JoinUnlabelledStage(p.count_guided),
+        ),
+        Stage(
+            "panels_trim_labels",
+            ("image", "candidates", "labels", "detections", "analysis"),
+            ("candidates",),
+            _TrimLabelsStage(p.label_trim),
+        ),
+        Stage(
+            "panels_axis_strips",
+            ("image", "candidates", "detections", "analysis"),
+            ("candidates",),
+            _AxisStripStage(p.axis_strips),
+        ),
+        Stage("reading_order", ("candidates", "labels"), ("candidates", "labels"), _reading_order),
+        Stage("captions", ("caption", "candidates", "labels"), ("labels", "split"), _caption_labels),
+        Stage(
+            "panel_type",
+            ("image", "candidates"),
+            ("panel_types",),
+            _PanelTypeStage(miner.panel_types.classify),
+        ),
+        Stage(
+            "subcaptions",
+            ("caption", "candidates", "labels", "detections", "panel_types", "split"),
+            ("panels",),
+            _subcaptions,
+        ),
+        Stage("markers", ("image", "panels", "detections"), ("markers_by_panel",), _MarkerStage(p.markers)),
+        Stage("regions", ("panels", "markers_by_panel", "split"), ("regions",), _RegionStage(p.regions)),
+        Stage("marker_notes", ("panels", "markers_by_panel", "split"), ("panels",), _marker_notes),
+        Stage("postprocess", ("regions",), ("regions",), _PostprocessStage(p.postprocess, miner)),
+    )
+    check_order(stages)
+    return stages

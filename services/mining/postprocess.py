@@ -67,6 +67,10 @@ class TextEncoder:
                 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                 from sentence_transformers import SentenceTransformer
 
+                from p2p.shared.hf_logging import quiet_expected_load_reports
+
+                quiet_expected_load_reports()
+
                 model = SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
                 TextEncoder._models[key] = model
             return model

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from typing import Any
 
+from p2p.mining.miner import Miner
 from p2p.shared.jobs import MINING
 from p2p.shared.queue import EMBED_FIGURES_TASK, EMBEDDING_QUEUE, MINE_FIGURE_TASK, celery_app
 from p2p.shared.settings import Settings, get_settings
@@ -14,22 +14,23 @@ from p2p.shared.tasks import P2PTask
 
 log = logging.getLogger(__name__)
 
-_miners: dict[str, Any] = {}
+_miners: dict[str, Miner] = {}
 _miners_lock = threading.Lock()
 
 
-def get_miner(backend: str = "cpu") -> Any:
+def get_miner(backend: str = "cpu") -> Miner:
     """The process's miner for ``backend`` (models loaded once, shared by threads). The LVLM
     miner wraps the process's CPU miner, which proposes and stands in for it."""
     with _miners_lock:
-        if "cpu" not in _miners:
-            from p2p.mining.pipeline import CpuMiner
+        from p2p.mining.pipeline import CpuMiner
 
-            _miners["cpu"] = CpuMiner()
+        cpu = _miners.get("cpu")
+        if not isinstance(cpu, CpuMiner):
+            cpu = _miners["cpu"] = CpuMiner()
         if backend == "lvlm" and "lvlm" not in _miners:
             from p2p.mining.lvlm.miner import LvlmMiner
 
-            _miners["lvlm"] = LvlmMiner(get_settings().mining.lvlm, cpu=_miners["cpu"])
+            _miners["lvlm"] = LvlmMiner(get_settings().mining.lvlm, cpu=cpu)
         if backend not in _miners:
             raise ValueError(f"unknown mining backend {backend!r}")
         return _miners[backend]

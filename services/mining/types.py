@@ -15,6 +15,15 @@ PANEL_TYPES = ("image", "plot", "schematic", "table")
 MARKER_KINDS = ("arrow", "arrowhead", "asterisk", "star", "box", "circle", "inset")
 
 
+@dataclass(frozen=True)
+class FigureContext:
+    """What the article says around a figure, for the backends that read it."""
+
+    caption: str
+    title: str = ""
+    abstract: str = ""
+
+
 @dataclass
 class PanelCandidate:
     box: Box

@@ -214,7 +214,32 @@ def flatten(report: Mapping[str, Any]) -> dict[str, float | int]:
     for task in RETRIEVAL_TASKS:
         row[f"{task} n"] = report[task]["images"]
     row["zero-shot n"] = report["zero_shot"]["panels"]
+    row["zero-shot classes n"] = len(report["zero_shot"].get("labels", []))
     return row
+
+
+def chance(metric: str, row: Mapping[str, Any]) -> float | None:
+    """What random scores would give on ``metric`` of a flattened row: R@k with n candidates is
+    min(k, n)/n (one right answer among n), balanced accuracy over L classes 1/L."""
+    task, _, rest = metric.partition(" ")
+    if rest.rpartition(" ")[2].startswith("R@"):
+        n = int(row.get(f"{task} n") or 0)
+        k = int(rest.rpartition("R@")[2])
+        return min(k, n) / n if n else None
+    if metric == "zero-shot bal acc":
+        classes = int(row.get("zero-shot classes n") or 0)
+        return 1 / classes if classes else None
+    return None
+
+
+def ordered_metrics(row: Mapping[str, Any], ks: Sequence[int] = DEFAULT_KS) -> list[str]:
+    """The metrics of a flattened row in reading order: task, direction, then R@1, R@5, R@10."""
+    order = [
+        f"{task} {short} R@{k}" for task in RETRIEVAL_TASKS for short in ("i2t", "t2i") for k in sorted(ks)
+    ] + ["zero-shot acc", "zero-shot bal acc"]
+    known = [key for key in order if key in row]
+    rest = sorted(key for key in row if key not in order and not key.endswith(" n"))
+    return known + rest
 
 
 def compare_models(

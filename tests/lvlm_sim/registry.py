@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from p2p.mining.synth.dataset import load_annotations
+from p2p.mining.lab.synth.dataset import load_annotations
 from p2p.shared.geometry import from_inclusive
 from tests.lvlm_sim.locate import FigureIndex, Placement, locate
 

@@ -1,24 +1,33 @@
 from __future__ import annotations
 
-import mimetypes
 import uuid
-from collections.abc import Iterator
+from typing import Annotated
 
-from fastapi import APIRouter
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
 
 from p2p.embedding_api import service
 from p2p.embedding_api.deps import ReadPrincipal, RuntimeDep, SessionDep
-from p2p.embedding_api.schemas import FigureDetailPublic, PanelItemPublic, RegionItemPublic
-from p2p.shared.errors import NotFound
-from p2p.shared.storage import CHUNK, ObjectNotFound, StorageError, validate_key
+from p2p.embedding_api.schemas import CorpusPublic, PanelItemPublic, RegionItemPublic
+from p2p.shared.crops import CROP_RESPONSES, crop_response
+from p2p.shared.schemas import FigurePublic
 
 router = APIRouter(prefix="/v1", tags=["items"])
 
 
-@router.get("/figures/{figure_id}", response_model=FigureDetailPublic)
-def get_figure(figure_id: uuid.UUID, session: SessionDep, _: ReadPrincipal) -> FigureDetailPublic:
+@router.get("/corpus", response_model=CorpusPublic)
+def get_corpus(
+    session: SessionDep,
+    _: ReadPrincipal,
+    limit: Annotated[int, Query(ge=1, le=100)] = 12,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> CorpusPublic:
+    """Counts of figures, panels, regions and articles, and a page of the newest figures."""
+    return service.corpus_overview(session, limit=limit, offset=offset)
+
+
+@router.get("/figures/{figure_id}", response_model=FigurePublic)
+def get_figure(figure_id: uuid.UUID, session: SessionDep, _: ReadPrincipal) -> FigurePublic:
     """A figure with its article, panels and regions (boxes, crops, both text pathways, provenance)."""
     return service.figure_detail(session, figure_id)
 
@@ -33,31 +42,7 @@ def get_region(region_id: uuid.UUID, session: SessionDep, _: ReadPrincipal) -> R
     return service.region_item(session, region_id)
 
 
-@router.get("/crops/{key:path}", response_model=None, responses={307: {"description": "S3: presigned URL"}})
+@router.get("/crops/{key:path}", response_model=None, responses=CROP_RESPONSES)
 async def get_crop(key: str, runtime: RuntimeDep, session: SessionDep, _: ReadPrincipal) -> Response:
     """A figure image or a mined crop: streamed from the store, or a redirect to a presigned S3 URL."""
-    try:
-        key = validate_key(key)
-    except StorageError as exc:
-        raise NotFound(f"no crop {key!r}") from exc
-    if not await run_in_threadpool(service.served_key, session, key):
-        raise NotFound(f"no crop {key!r}")
-    ttl = runtime.settings.embedding.crop_url_ttl_s
-    url = await run_in_threadpool(service.presigned_url, runtime.store, key, ttl_s=ttl)
-    if url is not None:
-        return RedirectResponse(url, status_code=307)
-    try:
-        stream = await run_in_threadpool(runtime.store.open, key)
-    except ObjectNotFound as exc:
-        raise NotFound(f"crop {key!r} is missing from the store") from exc
-
-    def chunks() -> Iterator[bytes]:
-        try:
-            while chunk := stream.read(CHUNK):
-                yield chunk
-        finally:
-            stream.close()
-
-    media_type = mimetypes.guess_type(key)[0] or "application/octet-stream"
-    headers = {"Cache-Control": "private, max-age=3600"}
-    return StreamingResponse(chunks(), media_type=media_type, headers=headers)
+    return await crop_response(key=key, runtime=runtime, session=session)

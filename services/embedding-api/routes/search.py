@@ -5,7 +5,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from PIL import Image
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from p2p.embedding_api import service
@@ -18,11 +18,31 @@ router = APIRouter(prefix="/v1", tags=["search"])
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 FORM_FIELDS = {"image", "box", "level", "k", "offset", "filters", "exact", "text"}
 
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with its ``$defs`` written in place: the ``#/$defs/...`` references
+    of pydantic's schema point nowhere inside an OpenAPI document."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(value) for value in node]
+        return node
+
+    return dict(resolve(schema))
+
+
 _OPENAPI = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": SearchCreate.model_json_schema()},
+            "application/json": {"schema": inline_schema(SearchCreate)},
             "multipart/form-data": {
                 "schema": {
                     "type": "object",
@@ -33,7 +53,11 @@ _OPENAPI = {
                         "level": {"type": "string", "enum": ["figure", "panel", "region"]},
                         "k": {"type": "integer"},
                         "offset": {"type": "integer"},
-                        "filters": {"type": "string", "description": "JSON object of filters"},
+                        "filters": {
+                            "type": "string",
+                            "description": "JSON object of filters: figure_type, license_group, year_min, "
+                            "year_max, journal, article_id, figure_id",
+                        },
                         "exact": {"type": "boolean"},
                     },
                 }

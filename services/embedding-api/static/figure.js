@@ -1,5 +1,7 @@
-// The figure page: the image with its panel and region boxes over it (SVG in image pixels),
-// toggles per level, and each box's texts (subcaption; region caption text and description).
+// The figure page: the image with its panel and region boxes over it (SVG in image pixels), zoom
+// and pan, toggles per level, and a card per panel with its regions. A box and its card light up
+// together on hover; the hit opened from a search (?focus=level:id) is highlighted and scrolled to.
+// Box tags sit outside the boxes' top-left corners, where the printed panel labels usually are.
 "use strict";
 
 (() => {
@@ -12,46 +14,61 @@
   P2P.bindKeyInput(document.getElementById("api-key"));
 
   function provenance(value) {
-    if (!value || typeof value !== "object") return "";
-    return Object.entries(value)
-      .map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v))
-      .join(" · ");
+    if (!value || typeof value !== "object") return null;
+    const rows = Object.entries(value).map(([k, v]) =>
+      el("div", {}, el("span", { class: "label", text: k + ":" }), typeof v === "object" ? JSON.stringify(v) : String(v))
+    );
+    return rows.length ? el("div", { class: "provenance-detail" }, ...rows) : null;
   }
 
   function row(label, value) {
-    if (value === null || value === undefined || value === "") return null;
+    if (value === null || value === undefined || value === "" || value === "–") return null;
     return el("div", { class: "row" }, el("span", { class: "label", text: label }), String(value));
   }
 
-  function rect(box, level, id, label) {
+  // --- boxes and their tags ---------------------------------------------------------------------
+
+  function tagPlace(box, size) {
+    // Above the box's right end; at the figure's top edge, inside its top-right corner.
+    const [, y0, x1] = box;
+    if (y0 - size - 2 >= 0) return { x: x1, y: y0 - 4, anchor: "end" };
+    return { x: x1 - 4, y: y0 + size + 2, anchor: "end" };
+  }
+
+  function rect(box, level, id, tag, size) {
     const [x0, y0, x1, y1] = box;
-    const group = svg("g", { "data-id": id });
+    const group = svg("g", { "data-id": id, "data-level": level, class: "item" + (id === focusId ? " focus" : "") });
     group.append(
       svg("rect", {
-        class: "box " + level + (id === focusId ? " focus" : ""),
+        class: "box " + level,
         x: x0, y: y0, width: Math.max(0, x1 - x0), height: Math.max(0, y1 - y0),
         "data-level": level, "data-id": id,
       })
     );
-    if (label) group.append(svg("text", { class: level, x: x0 + 4, y: y0 + (level === "panel" ? 20 : 14), text: label }));
+    if (tag) {
+      const at = tagPlace(box, size);
+      group.append(svg("text", { class: "tag " + level, x: at.x, y: at.y, "text-anchor": at.anchor, "font-size": size, text: tag }));
+    }
     return group;
   }
 
-  // Both text pathways are always listed, "—" where a pathway gave nothing.
-  function pathway(label, value) {
-    return el("div", { class: "row" }, el("span", { class: "label", text: label }), value || "—");
+  // --- cards ------------------------------------------------------------------------------------
+
+  function regionName(panel, index) {
+    return (panel.label || "") + (index + 1);
   }
 
-  function regionCard(region, index) {
-    const name = "region " + (index + 1) + " · " + region.kind + (region.marker_type ? " (" + region.marker_type + ")" : "");
+  function regionCard(panel, region, index) {
+    const kind = region.kind + (region.marker_type ? " (" + region.marker_type + ")" : "");
     return el(
       "div",
       { class: "region" + (region.id === focusId ? " focus" : ""), "data-id": region.id },
-      el("div", {}, el("span", { class: "badge region", text: "region" }), name),
-      pathway("caption text:", region.caption_text),
-      pathway("description:", region.description),
+      el("div", {}, el("span", { class: "badge region", text: regionName(panel, index) }), kind),
+      row("caption text:", region.caption_text),
+      row("description:", region.description),
+      region.caption_text || region.description ? null : el("div", { class: "muted", text: "no text for this region" }),
       row("confidence:", fmt(region.confidence, 2)),
-      el("div", { class: "provenance", text: provenance(region.provenance) })
+      provenance(region.provenance)
     );
   }
 
@@ -60,13 +77,27 @@
       "div",
       { class: "card" + (panel.id === focusId ? " focus" : ""), "data-id": panel.id, "data-level": "panel" },
       el("h3", {}, el("span", { class: "badge panel", text: "panel" }), panel.label || "(no label)"),
-      pathway("subcaption:", panel.subcaption),
-      pathway("description:", panel.description),
+      row("subcaption:", panel.subcaption),
+      row("description:", panel.description),
       row("type:", [panel.figure_type, panel.modality].filter(Boolean).join(" / ")),
       row("confidence:", fmt(panel.confidence, 2)),
-      el("div", { class: "provenance", text: provenance(panel.provenance) }),
-      panel.regions.length ? el("div", { class: "regions" }, ...panel.regions.map(regionCard)) : null
+      provenance(panel.provenance),
+      panel.regions.length ? el("div", { class: "regions" }, ...panel.regions.map((r, i) => regionCard(panel, r, i))) : null
     );
+  }
+
+  // --- linking boxes and cards ------------------------------------------------------------------
+
+  function linked(id) {
+    return Array.from(document.querySelectorAll('[data-id="' + CSS.escape(id) + '"]')).filter(
+      (node) => node.tagName === "g" || node.classList.contains("card") || node.classList.contains("region")
+    );
+  }
+
+  function hover(node) {
+    const id = node.dataset.id;
+    node.addEventListener("mouseenter", () => linked(id).forEach((n) => n.classList.add("hover")));
+    node.addEventListener("mouseleave", () => linked(id).forEach((n) => n.classList.remove("hover")));
   }
 
   function bindToggle(level, group) {
@@ -74,6 +105,48 @@
     const apply = () => group.classList.toggle("hidden", !toggle.checked);
     toggle.addEventListener("change", apply);
     apply();
+  }
+
+  // --- zoom and pan -----------------------------------------------------------------------------
+
+  function zoomable(viewport, stage) {
+    let scale = 1, tx = 0, ty = 0, drag = null;
+    const apply = () => {
+      stage.style.transform = "translate(" + tx + "px, " + ty + "px) scale(" + scale + ")";
+      viewport.classList.toggle("zoomed", scale > 1);
+    };
+    const zoomAt = (factor, cx, cy) => {
+      const next = Math.min(8, Math.max(1, scale * factor));
+      tx = cx - (cx - tx) * (next / scale);
+      ty = cy - (cy - ty) * (next / scale);
+      scale = next;
+      if (scale === 1) tx = ty = 0;
+      apply();
+    };
+    const centre = () => [viewport.clientWidth / 2, viewport.clientHeight / 2];
+    viewport.addEventListener("wheel", (event) => {
+      event.preventDefault();
+      const r = viewport.getBoundingClientRect();
+      zoomAt(event.deltaY < 0 ? 1.2 : 1 / 1.2, event.clientX - r.left, event.clientY - r.top);
+    }, { passive: false });
+    // The browser's own image drag-and-drop would take over the pointer after its first move.
+    viewport.addEventListener("dragstart", (event) => event.preventDefault());
+    viewport.addEventListener("pointerdown", (event) => {
+      if (scale === 1) return;
+      event.preventDefault();
+      drag = { x: event.clientX - tx, y: event.clientY - ty };
+      viewport.setPointerCapture(event.pointerId);
+    });
+    viewport.addEventListener("pointermove", (event) => {
+      if (!drag) return;
+      tx = event.clientX - drag.x;
+      ty = event.clientY - drag.y;
+      apply();
+    });
+    viewport.addEventListener("pointerup", () => { drag = null; });
+    document.getElementById("zoom-in").addEventListener("click", () => zoomAt(1.5, ...centre()));
+    document.getElementById("zoom-out").addEventListener("click", () => zoomAt(1 / 1.5, ...centre()));
+    document.getElementById("zoom-reset").addEventListener("click", () => { scale = 1; tx = ty = 0; apply(); });
   }
 
   async function load() {
@@ -85,16 +158,26 @@
       (figure.miner_version ? " · mined by " + figure.miner_version : "");
     const overlay = document.getElementById("overlay");
     overlay.setAttribute("viewBox", "0 0 " + figure.width + " " + figure.height);
-    await setImage(document.getElementById("figure-image"), figure.image_url);
+    const image = document.getElementById("figure-image");
+    await setImage(image, figure.image_url);
+    // the boxes' places on the page (for scrolling to the opened hit) exist once the image has loaded
+    await new Promise((resolve) => {
+      if (image.complete && image.naturalWidth) resolve();
+      else {
+        image.addEventListener("load", resolve, { once: true });
+        image.addEventListener("error", resolve, { once: true });
+      }
+    });
     const panels = document.getElementById("panel-boxes");
     const regions = document.getElementById("region-boxes");
+    const size = Math.max(12, Math.round(Math.max(figure.width, figure.height) / 45));
     let regionCount = 0;
     for (const panel of figure.panels) {
-      panels.append(rect(panel.box, "panel", panel.id, panel.label || ""));
-      for (const region of panel.regions) {
+      panels.append(rect(panel.box, "panel", panel.id, panel.label || "", size));
+      panel.regions.forEach((region, index) => {
         regionCount += 1;
-        regions.append(rect(region.box_in_figure, "region", region.id, ""));
-      }
+        regions.append(rect(region.box_in_figure, "region", region.id, regionName(panel, index), Math.round(size * 0.75)));
+      });
     }
     document.getElementById("count-panel").textContent = String(figure.panels.length);
     document.getElementById("count-region").textContent = String(regionCount);
@@ -109,12 +192,30 @@
         row("journal:", article.journal),
         row("year:", article.year),
         row("license:", [article.license, article.license_group].filter(Boolean).join(" · ")),
-        row("ids:", [article.pmcid, article.doi].filter(Boolean).join(" · "))
+        row("ids:", [article.pmcid, article.pmid, article.doi].filter(Boolean).join(" · "))
       );
     } else {
-      box.append(el("div", { class: "provenance", text: "no article metadata" }));
+      box.append(el("div", { class: "muted", text: "no article metadata" }));
     }
-    document.getElementById("items").replaceChildren(...figure.panels.map(panelCard));
+    const items = document.getElementById("items");
+    items.replaceChildren(...figure.panels.map(panelCard));
+    document.querySelectorAll("#overlay g.item, #items .card, #items .region").forEach(hover);
+    const provenanceToggle = document.getElementById("toggle-provenance");
+    const showProvenance = () => document.body.classList.toggle("show-provenance", provenanceToggle.checked);
+    provenanceToggle.addEventListener("change", showProvenance);
+    showProvenance();
+    zoomable(document.getElementById("viewport"), document.getElementById("stage"));
+    if (focusId) {
+      const card = items.querySelector('[data-id="' + CSS.escape(focusId) + '"]');
+      if (card) card.scrollIntoView({ block: "center" });
+      // and the figure's own column (sticky, scrolling on its own) to the hit's box
+      const box = document.querySelector('#overlay g.item[data-id="' + CSS.escape(focusId) + '"]');
+      const column = document.getElementById("figure-column");
+      if (box) {
+        const r = box.getBoundingClientRect(), c = column.getBoundingClientRect();
+        column.scrollTop += r.top - c.top - (c.height - r.height) / 2;
+      }
+    }
     setStatus(status, figure.panels.length ? "" : "This figure has no mined panels yet.");
   }
 

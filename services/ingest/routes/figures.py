@@ -68,6 +68,8 @@ async def post_figure(
         raise InvalidInput(f"unknown form fields: {', '.join(unknown)}", error_type="unknown_field")
     if len(form.getlist("image")) != 1:
         raise InvalidInput("send exactly one image", error_type="invalid_request")
+    if len(form.getlist("caption")) > 1:  # a file part named caption is refused by the str type
+        raise InvalidInput("send one caption", error_type="invalid_caption")
     settings = runtime.settings
     parsed = parse_metadata(metadata, max_bytes=settings.ingest.max_metadata_bytes)
     outcome = await run_in_threadpool(

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import math
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 
+from p2p.mining.artifacts import artifact_path
 from p2p.mining.types import PANEL_TYPES
 
 MODEL_FILE = "panel_type_model.json"
@@ -296,7 +296,7 @@ class PanelTypeClassifier:
 def _load_model(path: Path | None) -> dict[str, Any]:
     if path is not None:
         return dict(json.loads(Path(path).read_text(encoding="utf-8")))
-    text = resources.files("p2p.mining.cpu").joinpath(MODEL_FILE).read_text(encoding="utf-8")
+    text = artifact_path(MODEL_FILE).read_text(encoding="utf-8")
     return dict(json.loads(text))
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from p2p.mining.captions import split_caption
+from p2p.mining.cpu.markers.rules import detect_markers
 from p2p.mining.lvlm.client import LvlmClient
 from p2p.mining.lvlm.loop import LoopThread
 from p2p.mining.lvlm.prompts import FigureContext, prompt_versions
@@ -33,7 +34,10 @@ from p2p.mining.lvlm.stages import (
     verify_panels,
 )
 from p2p.mining.lvlm.voting import VotedPanel
-from p2p.mining.pipeline import CpuMiner, CpuMinerParams
+from p2p.mining.params import CpuParams
+from p2p.mining.pipeline import CpuMiner
+from p2p.mining.postprocess import postprocess
+from p2p.mining.regions import fuse_regions
 from p2p.mining.types import CaptionSplit, MinedPanel, MiningResult, Region
 from p2p.shared import geometry
 from p2p.shared.settings import LvlmSettings
@@ -48,7 +52,7 @@ SNAP_IOU = 0.9  # a voted panel takes the CPU's pixel-exact box when they overla
 
 @dataclass(frozen=True)
 class LvlmParams:
-    cpu: CpuMinerParams
+    cpu: CpuParams
     settings: LvlmSettings
 
     def as_dict(self) -> dict[str, Any]:
@@ -84,7 +88,9 @@ class LvlmMiner:
         self.settings = settings
         self.cpu = cpu if cpu is not None else CpuMiner()
         self.params = LvlmParams(self.cpu.params, settings)
-        self.version = f"{BACKEND_VERSION}-{settings.mode}"
+        # the CPU miner proposes (hybrid) and stands in (paper): its version is part of this one
+        self.version = f"{BACKEND_VERSION}-{settings.mode}+{self.cpu.version}"
+        self.params_name = self.cpu.params_name
         tags = prompt_versions()
         self.prompt_version = (
             "prompts-" + hashlib.sha256(repr(sorted(tags.items())).encode()).hexdigest()[:12]
@@ -202,9 +208,6 @@ class LvlmMiner:
         split: CaptionSplit,
         ctx: FigureContext,
     ) -> tuple[list[Region], list[Any]]:
-        from p2p.mining.cpu.markers import detect_markers
-        from p2p.mining.regions import fuse_regions
-
         s = self.settings
         image_panels = [i for i, p in enumerate(panels) if p.figure_type == "image"]
         findings = await asyncio.gather(
@@ -221,7 +224,9 @@ class LvlmMiner:
             markers = found.markers
             if not found.markers_ok:
                 run.fallback("markers", "no usable marker answer", whole_stage=False)
-                markers = await asyncio.to_thread(detect_markers, image, panel.box)
+                markers = await asyncio.to_thread(
+                    detect_markers, image, panel.box, params=self.cpu.params.markers
+                )
             fragments: list[Any] = list(split.marker_fragments.get(panel.label or "", []))
             fragments.extend(found.marker_captions)
             fused = fuse_regions(
@@ -264,8 +269,6 @@ class LvlmMiner:
             run.note("describe: some crops got no usable description")
 
     def _postprocess(self, regions: list[Region], width: int, height: int) -> list[Region]:
-        from p2p.mining.postprocess import postprocess
-
         if not regions:
             return regions
         p = self.cpu.params

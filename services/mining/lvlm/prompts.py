@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from p2p.mining.types import FigureContext as FigureContext  # its home is the miners' seam
+
 PROMPT_NAMES = ("panels", "markers", "objects", "describe", "verify_panels", "describe_marks")
 
 
@@ -78,13 +80,6 @@ class Mark:
     kind: str  # "panel" or "region"
     box: tuple[float, float, float, float]  # in the frame of the image sent
     text: str = ""
-
-
-@dataclass(frozen=True)
-class FigureContext:
-    caption: str
-    title: str = ""
-    abstract: str = ""
 
 
 def build_context(

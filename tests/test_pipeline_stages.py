@@ -1,0 +1,67 @@
+"""The CPU miner's declared stages: their order, their timers, and which of them move panels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from p2p.mining.cpu.context import Stage, StageContext, check_order
+from p2p.mining.lab.synth.figure import generate_figure
+from p2p.mining.miner import Miner
+from p2p.mining.pipeline import CpuMiner
+
+
+@pytest.fixture(scope="module")
+def miner() -> CpuMiner:
+    return CpuMiner(load_text_encoder=False)
+
+
+def _nothing(ctx: StageContext) -> None:
+    return None
+
+
+def test_a_stage_reading_what_no_earlier_stage_wrote_is_refused() -> None:
+    check_order(
+        [Stage("a", ("image",), ("candidates",), _nothing), Stage("b", ("candidates",), (), _nothing)]
+    )
+    with pytest.raises(ValueError, match="reads labels before"):
+        check_order(
+            [Stage("a", ("image",), ("candidates",), _nothing), Stage("b", ("labels",), (), _nothing)]
+        )
+    with pytest.raises(ValueError, match="names no context field"):
+        check_order([Stage("a", ("image",), ("panles",), _nothing)])
+    with pytest.raises(ValueError, match="two stages"):
+        check_order([Stage("a", (), (), _nothing), Stage("a", (), (), _nothing)])
+
+
+def test_every_backend_is_a_miner(miner: CpuMiner) -> None:
+    assert isinstance(miner, Miner)
+    assert miner.params_name.startswith("cpu-") and miner.params_name.endswith(".json")
+
+
+def test_each_stage_is_timed_once_under_its_own_name(miner: CpuMiner) -> None:
+    image, truth = generate_figure(190101, width=520, height=400, n_panels=4, marker_rate=1.0)
+    result = miner.mine(np.asarray(image.convert("RGB")), truth["caption"])
+    assert list(result.stage_seconds) == [stage.name for stage in miner.stages]
+    assert "segment" in result.stage_seconds
+
+
+def test_only_segment_and_panels_stages_move_panel_boxes(miner: CpuMiner) -> None:
+    # labels outside the panels: the segmenter leaves a label in one box (trimmed off after it
+    # is read), a y-axis text in another (returned to its plot)
+    moved: set[str] = set()
+    for seed in (190102, 190104):
+        image, truth = generate_figure(seed, width=560, height=420, label_position="outside")
+        ctx = StageContext(
+            image=np.ascontiguousarray(np.asarray(image.convert("RGB"))), caption=truth["caption"]
+        )
+        boxes: set[tuple[float, ...]] = set()
+        for stage in miner.stages:
+            ctx.run(stage)
+            now = {tuple(c.box) for c in ctx.candidates}
+            if now != boxes:
+                moved.add(stage.name)
+            boxes = now
+        assert [p.box for p in ctx.panels] == [c.box for c in ctx.candidates]
+    assert moved <= {"segment"} | {s.name for s in miner.stages if s.name.startswith("panels_")}
+    assert moved == {"segment", "panels_trim_labels", "panels_axis_strips"}
