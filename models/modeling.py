@@ -305,6 +305,8 @@ def _download_error(what: str, exc: BaseException, online: bool) -> ModelLoadErr
 
 def _instantiate(resolved: Mapping[str, Any], *, text_pretrained: bool) -> torch.nn.Module:
     """An open_clip model from a resolved config dict, as open_clip's factory would build it."""
+    # open_clip stays inside the functions that build models: it costs seconds to import, and the
+    # processes that only read a ModelSpec (the training API, the CLI) never need it.
     from open_clip import CLIP, CoCa, CustomTextCLIP
     from open_clip.model import set_model_preprocess_cfg
     from open_clip.transform import PreprocessCfg, merge_preprocess_dict

@@ -144,6 +144,8 @@ class InProcessDispatcher:
         self._lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition(self._lock)
+        if not app.conf.include:
+            log.warning("no task modules registered (p2p.apps.tasks.register_tasks): tasks stay queued here")
         import_task_modules()
 
     def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:

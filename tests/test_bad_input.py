@@ -21,8 +21,8 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from p2p.apps.api import embedding_app as create_embedding_app
-from p2p.apps.api import ingest_app as create_ingest_app
+from p2p.apps.embedding import embedding_app as create_embedding_app
+from p2p.apps.ingest import ingest_app as create_ingest_app
 from p2p.shared.db.engine import make_engine, make_session_factory
 from p2p.shared.runtime import Runtime
 from tests.helpers import assert_error, image_bytes, object_count, row_counts, serve_in_thread, upload

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from p2p.apps.api import embedding_app as create_embedding_app
+from p2p.apps.embedding import embedding_app as create_embedding_app
 from p2p.ingest.app import create_app
 from p2p.ingest.service import ingest_figure
 from p2p.shared.queue import InProcessDispatcher

@@ -25,8 +25,8 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy import Engine, text
 
-from p2p.apps.api import embedding_app as create_embedding_app
-from p2p.apps.api import ingest_app as create_ingest_app
+from p2p.apps.embedding import embedding_app as create_embedding_app
+from p2p.apps.ingest import ingest_app as create_ingest_app
 from p2p.shared.db.base import Base
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings

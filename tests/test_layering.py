@@ -10,6 +10,9 @@ string to ``importlib.import_module``.
 from __future__ import annotations
 
 import ast
+import logging
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -140,3 +143,35 @@ def test_the_composition_registers_every_services_tasks() -> None:
     }
     assert names and names <= set(queue.celery_app.tasks)
     assert set(TASK_MODULES) <= set(queue.celery_app.conf.include)
+
+
+def test_the_ingest_process_and_the_task_modules_load_no_ml_library() -> None:
+    """The ingest image installs no ML extra, and every worker imports every task module."""
+    probe = (
+        "import sys\n"
+        "import p2p.apps.ingest\n"
+        "from p2p.apps.tasks import register_tasks\n"
+        "from p2p.shared import queue\n"
+        "register_tasks()\n"
+        "queue.import_task_modules()\n"
+        "print(sorted(m for m in ('torch', 'torchvision', 'open_clip', 'cv2', 'onnxruntime', 'numpy')"
+        " if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_an_in_process_dispatcher_without_task_modules_says_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery import Celery
+
+    from p2p.shared import queue
+
+    # A Celery worker started earlier in the session may have disabled existing loggers.
+    monkeypatch.setattr(queue.log, "disabled", False)
+    caplog.set_level(logging.WARNING, logger=queue.log.name)
+    queue.InProcessDispatcher(Celery("bare"), workers=1).close()
+    assert "no task modules registered" in caplog.text

@@ -20,7 +20,7 @@ from p2p.mining import remine
 from p2p.mining.jobs import mine_job
 from p2p.mining.tasks import get_miner
 from p2p.shared.db.models import Figure, FigureStatus, JobStatus, MiningJob, Panel, Region
-from p2p.shared.queue import InProcessDispatcher
+from p2p.shared.queue import CeleryDispatcher, InProcessDispatcher, celery_app
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import get_settings
 from p2p.shared.storage import put_bytes
@@ -267,3 +267,29 @@ def test_p2p_status_and_mine_stale(
             select(Region).join(Panel).where(Panel.figure_id == uuid.UUID(accepted[0]["figure_id"]))
         )
         assert all(r.provenance["miner_version"] == version for r in regions)
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_a_dead_broker_leaves_the_jobs_to_the_next_run(
+    mining_client: TestClient, mining_runtime: Runtime
+) -> None:
+    version = get_miner().version
+    _mine(mining_client, mining_runtime, [11])
+    _as_if_mined_by(mining_runtime, OLD)
+    live = mining_runtime.dispatcher
+    mining_runtime.dispatcher = CeleryDispatcher(celery_app, "redis://127.0.0.1:1/0")
+    try:
+        failed = remine.queue_remine(mining_runtime, backend="cpu", version=version)
+    finally:
+        mining_runtime.dispatcher.close()
+        mining_runtime.dispatcher = live
+    assert failed.error is not None and failed.not_sent == 1
+    (job_id,) = failed.job_ids
+    with mining_runtime.session() as session:
+        job = session.get(MiningJob, job_id)
+        assert job is not None and job.status is JobStatus.QUEUED and job.enqueued_at is None
+    again = remine.queue_remine(mining_runtime, backend="cpu", version=version)
+    assert again.job_ids == [job_id] and again.error is None
+    _idle(mining_runtime)
+    with mining_runtime.session() as session:
+        assert remine.figures_per_version(session) == [("cpu", version, 1)]

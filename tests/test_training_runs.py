@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from p2p.apps.api import embedding_app as create_app
+from p2p.apps.embedding import embedding_app as create_app
 from p2p.shared.db.models import ModelVersion, TrainingRun, TrainingRunStatus
 from p2p.shared.jobs import TRAINING, claim
 from p2p.shared.runtime import Runtime

@@ -230,7 +230,8 @@ def serve_both(settings: Settings, *, host: str, port: int) -> bool:
 
     import uvicorn
 
-    from p2p.apps import api  # lazy: the apps load torch, which `p2p --help` should not wait for
+    from p2p.apps.embedding import embedding_app  # lazy: it loads torch, which `p2p --help` need not wait for
+    from p2p.apps.ingest import ingest_app
     from p2p.cli.main import _refuse_open_bind_without_keys, _runtime
 
     _refuse_open_bind_without_keys(settings, host)
@@ -239,11 +240,9 @@ def serve_both(settings: Settings, *, host: str, port: int) -> bool:
     # One runtime for both: one embedded database handle, one task pool.
     runtime = _runtime(settings)
     servers = [
+        uvicorn.Server(uvicorn.Config(ingest_app(runtime=runtime), host=host, port=port, log_level=level)),
         uvicorn.Server(
-            uvicorn.Config(api.ingest_app(runtime=runtime), host=host, port=port, log_level=level)
-        ),
-        uvicorn.Server(
-            uvicorn.Config(api.embedding_app(runtime=runtime), host=host, port=port + 1, log_level=level)
+            uvicorn.Config(embedding_app(runtime=runtime), host=host, port=port + 1, log_level=level)
         ),
     ]
     out.print(

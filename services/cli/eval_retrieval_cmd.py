@@ -12,6 +12,7 @@ from rich.table import Table
 
 from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.consoles import make_console
+from p2p.shared.db.models import ModelVersion
 from p2p.shared.runtime import build_store
 
 if TYPE_CHECKING:
@@ -66,7 +67,6 @@ def resolve_specs(
             if runtime is None:
                 raise _fail("model version ids need the database")
             from p2p.models.registry import spec_of
-            from p2p.shared.db.models import ModelVersion
 
             with runtime.session() as session:
                 row = session.get(ModelVersion, vid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,6 @@ class LooseImage:
 
 def caption_beside(image: Path) -> str:
     """A loose image's caption: ``name.txt`` beside it, else the ``caption`` of ``name.json``."""
-    import json
 
     text_file, json_file = image.with_suffix(".txt"), image.with_suffix(".json")
     if text_file.is_file():

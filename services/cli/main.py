@@ -423,9 +423,9 @@ def serve_ingest(
     port: Annotated[int | None, typer.Option(help="Port (default P2P_SERVER__PORT, 8000).")] = None,
 ) -> None:
     """Serve the ingest API (OpenAPI docs at /docs)."""
-    from p2p.apps import api  # lazy: the apps load torch, which `p2p --help` should not wait for
+    from p2p.apps.ingest import ingest_app  # lazy, as the other commands' heavier imports
 
-    _serve(api.ingest_app, host, port)
+    _serve(ingest_app, host, port)
 
 
 @serve_app.command("embedding-api")
@@ -436,9 +436,9 @@ def serve_embedding_api(
     ] = None,
 ) -> None:
     """Serve the embedding and retrieval API and its web viewer (at /)."""
-    from p2p.apps import api  # lazy: see serve_ingest
+    from p2p.apps.embedding import embedding_app  # lazy: it loads torch, which `p2p --help` need not wait for
 
-    _serve(api.embedding_app, host, port)
+    _serve(embedding_app, host, port)
 
 
 @eval_app.command("mining")

@@ -62,6 +62,12 @@ def mine(
         if not yes:
             typer.confirm(f"re-mine {total} figures with {backend} {version}?", abort=True)
         queued = remine.queue_remine(runtime, backend=backend, version=version, limit=limit)
+        if queued.error is not None:
+            err.print(
+                f"[red]the mining queue failed ({queued.error}); {len(queued.job_ids)} jobs wait in the "
+                "database: run `p2p mine --stale` again once the broker answers[/red]"
+            )
+            raise typer.Exit(1)
         out.print(f"queued {len(queued.job_ids)} mining jobs of {backend} {version}")
         if queued.not_sent:
             out.print(f"[yellow]{queued.not_sent} jobs wait in the database: no worker here takes them")

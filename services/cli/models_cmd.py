@@ -16,6 +16,8 @@ from sqlalchemy import select
 from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.consoles import make_console
 from p2p.cli.progress import progress as progress_bar
+from p2p.shared.db.models import EmbeddingSpace, ModelStatus, ModelVersion
+from p2p.shared.errors import P2PError
 
 models_app = typer.Typer(help="Embedding model versions.", no_args_is_help=True)
 out = make_console()
@@ -44,7 +46,6 @@ def register_cmd(
     """Register a model version (its weights are loaded once to check them)."""
     from p2p.embedding_api.indexing import register
     from p2p.models.modeling import ModelSpec, default_spec
-    from p2p.shared.errors import P2PError
 
     if name is None and architecture is None:
         base = default_spec()
@@ -68,7 +69,6 @@ def register_cmd(
 @models_app.command("list")
 def list_cmd() -> None:
     """Model versions, their status and re-index progress, and which space each serves."""
-    from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 
     runtime = _runtime()
     try:
@@ -123,8 +123,6 @@ def activate_cmd(
     """Re-embed the corpus with a version; the space switches when it is complete."""
     from p2p.cli.ids import IdError, resolve_id
     from p2p.models.registry import activate
-    from p2p.shared.db.models import ModelStatus, ModelVersion
-    from p2p.shared.errors import P2PError
 
     runtime = _runtime()
     try:

@@ -15,7 +15,10 @@ from rich.table import Table
 from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.consoles import make_console
 from p2p.cli.progress import progress
+from p2p.shared.errors import NotFound, P2PError
+from p2p.shared.queue import InProcessDispatcher
 from p2p.shared.runtime import Runtime
+from p2p.training.schemas import TrainingRunCreate
 
 train_app = typer.Typer(help="Hierarchical CLIP training runs.", no_args_is_help=True)
 out = make_console()
@@ -87,10 +90,8 @@ def start_cmd(
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Show progress until the run ends.")] = True,
 ) -> None:
     """Queue a training run on the training queue (exports the mined corpus unless --snapshot)."""
-    from p2p.shared.errors import P2PError
     from p2p.training import runs
     from p2p.training.config import TrainConfigError
-    from p2p.training.schemas import TrainingRunCreate
 
     try:
         overrides = config_overrides(
@@ -142,8 +143,6 @@ def start_cmd(
 
 
 def _in_process(runtime: Runtime) -> bool:
-    from p2p.shared.queue import InProcessDispatcher
-
     return isinstance(runtime.dispatcher, InProcessDispatcher)
 
 
@@ -270,7 +269,6 @@ def show_cmd(
     follow_: Annotated[bool, typer.Option("--follow", "-f", help="Watch until it ends.")] = False,
 ) -> None:
     """A run's status, progress, checkpoint, evaluation and model version."""
-    from p2p.shared.errors import NotFound
 
     runtime = _runtime()
     try:
@@ -317,7 +315,6 @@ def list_cmd(limit: Annotated[int, typer.Option(min=1, max=500)] = 20) -> None:
 @train_app.command("cancel")
 def cancel_cmd(run_id: str) -> None:
     """Cancel a run: a queued one at once, a running one after its current step."""
-    from p2p.shared.errors import P2PError
     from p2p.training import runs
 
     runtime = _runtime()

@@ -39,7 +39,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 REFRESH_INTERVAL_S = 5.0
 # How long a swapped-out model keeps answering the requests that already hold it.
 RETIRE_GRACE_S = 30.0
-# This service's own routes; the process that serves it may add others' (p2p.apps.api).
+# This service's own routes; the process that serves it may add others' (p2p.apps.embedding).
 ROUTERS: tuple[APIRouter, ...] = tuple(m.router for m in (health, embed, search, items, classify, models))
 
 

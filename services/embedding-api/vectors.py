@@ -18,6 +18,7 @@ every other value is a bound parameter.
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import time
@@ -505,8 +506,6 @@ def _estimated_rows(conn: Connection, table: str, where: str, params: list[Any])
     ).one()
     plan = row[0]
     if isinstance(plan, (str, bytes)):
-        import json
-
         plan = json.loads(plan)
     estimate = float(plan[0]["Plan"]["Plan Rows"])
     if len(_estimates) >= _ESTIMATES_MAX:

@@ -22,6 +22,8 @@ from PIL import Image
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from p2p.mining.lvlm.client import LvlmUnavailable
+from p2p.mining.lvlm.prompts import FigureContext
 from p2p.mining.miner import Miner
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
@@ -77,9 +79,6 @@ def mine_job(
 
 
 def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Miner, fallback: Miner | None) -> JobOutcome:
-    from p2p.mining.lvlm.client import LvlmUnavailable
-    from p2p.mining.lvlm.prompts import FigureContext
-
     job_id = lease.job_id
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
@@ -130,7 +129,7 @@ def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Miner, fallback:
 
     with runtime.session() as session:
         job = session.get(MiningJob, job_id)
-        figure = session.get(Figure, figure_id)
+        figure = session.get(Figure, figure_id, with_for_update=True)  # one writer per figure
         assert job is not None and figure is not None
         session.execute(delete(Panel).where(Panel.mining_job_id == job_id))
         _supersede(session, job)

@@ -3,11 +3,12 @@ LVLM hybrid) offers. ``jobs.mine_job`` and the worker tasks know miners only thr
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from p2p.mining.types import FigureContext, MiningResult
+
+if TYPE_CHECKING:  # the task modules import this seam in every worker; the ingest image has no numpy
+    import numpy as np
 
 
 class MinerParams(Protocol):

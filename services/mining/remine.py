@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from p2p.shared.db.base import utcnow
@@ -63,6 +63,7 @@ def count_stale(session: Session, *, backend: str, version: str) -> Counter[str 
 class Queued:
     job_ids: list[uuid.UUID]
     not_sent: int  # jobs the dispatcher could not hand over now (they stay queued in the database)
+    error: str | None = None  # the queue failed: the jobs made so far wait; a new run sends them
 
 
 def _chunks(session: Session, backend: str, version: str, limit: int | None) -> Iterator[list[uuid.UUID]]:
@@ -104,23 +105,29 @@ def queue_remine(runtime: Runtime, *, backend: str, version: str, limit: int | N
             session.commit()
             ids = [job.id for job in jobs if job.status is JobStatus.QUEUED and job.enqueued_at is None]
             job_ids.extend(job.id for job in jobs)
-        not_sent += _send(runtime, runtime.dispatcher, ids, backend)
+        try:
+            not_sent += _send(runtime, runtime.dispatcher, ids, backend)
+        except Exception as exc:  # the broker: whatever kombu raises, the operator needs the reason
+            return Queued(job_ids=job_ids, not_sent=len(ids) + not_sent, error=f"{type(exc).__name__}: {exc}")
     return Queued(job_ids=job_ids, not_sent=not_sent)
 
 
 def _send(runtime: Runtime, dispatcher: TaskDispatcher, job_ids: Sequence[uuid.UUID], backend: str) -> int:
-    not_sent = 0
-    for job_id in job_ids:
-        accepted = dispatcher.send(MINE_FIGURE_TASK, args=[str(job_id)], queue=mining_queue(backend))
-        if not accepted:
-            not_sent += 1
-            continue
+    """Hand the jobs to the mining queue; those handed over are marked enqueued (one statement)."""
+    sent = [
+        job_id
+        for job_id in job_ids
+        if dispatcher.send(MINE_FIGURE_TASK, args=[str(job_id)], queue=mining_queue(backend))
+    ]
+    if sent:
         with runtime.session() as session:
-            job = session.get(MiningJob, job_id)
-            if job is not None and job.enqueued_at is None:
-                job.enqueued_at = utcnow()
-                session.commit()
-    return not_sent
+            session.execute(
+                update(MiningJob)
+                .where(MiningJob.id.in_(sent), MiningJob.enqueued_at.is_(None))
+                .values(enqueued_at=utcnow())
+            )
+            session.commit()
+    return len(job_ids) - len(sent)
 
 
 def progress(session: Session, job_ids: Sequence[uuid.UUID]) -> Counter[JobStatus]:

@@ -71,6 +71,7 @@ def _init_distributed(device: str) -> tuple[str, bool]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # torch and the trainer load after the arguments parse: `--help` and usage errors answer at once.
     import torch
 
     from p2p.training.checkpoints import CheckpointError

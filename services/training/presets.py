@@ -13,6 +13,7 @@ few minutes.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,7 +63,6 @@ def resolve(preset: str | None, overrides: Mapping[str, Any] | None = None) -> T
 
 def parse_assignment(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value); the value is read as JSON when it parses, else a string."""
-    import json
 
     key, sep, raw = text.partition("=")
     path = [part for part in key.strip().split(".") if part]

@@ -1,4 +1,4 @@
-"""The HTTP processes: each app's routers, from whichever services it serves, listed in one place."""
+"""The embedding API process: the embedding service's routers and the training-run routes."""
 
 from __future__ import annotations
 
@@ -6,19 +6,13 @@ from fastapi import FastAPI
 
 from p2p.apps.tasks import register_tasks
 from p2p.embedding_api import app as embedding_app_module
-from p2p.ingest import app as ingest_app_module
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings
 from p2p.training import routes as training_routes
 
 # Training runs end in a model version of the embedding API, so the embedding process answers
 # them beside /v1/models; the training service itself runs on the training queue only.
-EMBEDDING_ROUTERS = (*embedding_app_module.ROUTERS, training_routes.router)
-
-
-def ingest_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
-    register_tasks()
-    return ingest_app_module.create_app(settings, runtime)
+ROUTERS = (*embedding_app_module.ROUTERS, training_routes.router)
 
 
 def embedding_app(
@@ -29,5 +23,5 @@ def embedding_app(
 ) -> FastAPI:
     register_tasks()
     return embedding_app_module.create_app(
-        settings, runtime, refresh_interval_s=refresh_interval_s, routers=EMBEDDING_ROUTERS
+        settings, runtime, refresh_interval_s=refresh_interval_s, routers=ROUTERS
     )
