@@ -7,14 +7,15 @@ an object whose sha256 differs from the one the caller computed beforehand.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 CHUNK = 1024 * 1024
 
@@ -177,6 +178,10 @@ class _HashingReader(io.RawIOBase):
         return chunk
 
 
+if TYPE_CHECKING:
+    from minio import Minio
+
+
 class S3ObjectStore:
     def __init__(
         self,
@@ -190,11 +195,23 @@ class S3ObjectStore:
     ) -> None:
         from minio import Minio  # lazy (~0.2 s): the local-folder profile never needs it
 
-        self.client = Minio(
-            endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region
+        self._new_client: Callable[[], Minio] = functools.partial(
+            Minio, endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region
         )
+        self._client = self._new_client()
+        self._client_pid = os.getpid()
         self.bucket = bucket
         self.description = f"s3 {'https' if secure else 'http'}://{endpoint}/{bucket}"
+
+    @property
+    def client(self) -> Minio:
+        """The S3 client of this process. A forked child (DataLoader workers, prefork Celery
+        children) gets a client of its own: sharing the parent's pooled connections, two processes
+        read one socket, take each other's bytes and hang."""
+        if self._client_pid != os.getpid():
+            self._client = self._new_client()
+            self._client_pid = os.getpid()
+        return self._client
 
     def ensure_bucket(self) -> None:
         if not self.client.bucket_exists(self.bucket):

@@ -87,3 +87,26 @@ def test_s3_ping_fails_for_missing_bucket(s3_server) -> None:  # type: ignore[no
     )
     with pytest.raises(StorageError):
         store.ping()
+
+
+def test_a_forked_process_reads_s3_through_a_client_of_its_own(s3_store: S3ObjectStore) -> None:
+    """DataLoader workers and prefork children are forks: reading through the parent's pooled
+    connections, two processes share one socket and one of them waits for ever."""
+    import multiprocessing
+
+    _put(s3_store, "fork/a.txt", b"parent and child")
+    assert s3_store.get_bytes("fork/a.txt") == b"parent and child"  # the pool holds a connection now
+    parent_client = id(s3_store.client)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+
+    def child() -> None:
+        results.put((id(s3_store.client) != parent_client, s3_store.get_bytes("fork/a.txt")))
+
+    process = context.Process(target=child)
+    process.start()
+    own_client, data = results.get(timeout=120)
+    process.join(60)
+    assert own_client
+    assert data == b"parent and child"
+    assert s3_store.get_bytes("fork/a.txt") == b"parent and child"
