@@ -460,3 +460,21 @@ def test_concurrent_requests_overlap(sim: SimServer, dataset: Path, entries: dic
     assert codes == [200] * 32
     assert elapsed < 4.0
     assert sim.stats.max_in_flight >= 16
+
+
+def test_the_registry_reads_real_annotations_with_target_points_only(tmp_path: Path) -> None:
+    """Real annotations (real-dev) give a marker's target point, no target box, and label
+    null on unlabelled figures: the simulated server answers from them all the same."""
+    from tests.lvlm_sim.registry import figure_from_entry
+
+    entry = {
+        "width": 400,
+        "height": 200,
+        "caption": None,
+        "panels": [{"label": None, "box": [0, 0, 199, 199], "type": "image"}],
+        "markers": [{"kind": "arrow", "target_point": [100, 50], "panel": None}],
+    }
+    figure = figure_from_entry(tmp_path, "real.png", entry)
+    assert figure.panels[0].label == ""
+    x1, y1, x2, y2 = figure.markers[0].target_box
+    assert x1 < 100 < x2 and y1 < 50 < y2 and x2 - x1 == 10.0

@@ -59,13 +59,23 @@ def test_scores_a_perfect_and_a_partial_prediction() -> None:
     assert report["panels"]["0.9"]["f1"] == 1.0 and report["mean_iou"] == 1.0
     assert report["label_accuracy"] == 1.0 and report["figure_type_accuracy"] == 1.0
     assert report["subcaption_exact"] == 1.0 and report["marker_target_recall"] == 1.0
+    assert report["marker_precision"] == 1.0
 
-    # One panel 20 % too wide (IoU 0.83), the other missing; wrong label; no marker.
+    # One panel 20 % too wide (IoU 0.83), the other missing; wrong label; a marker pointing
+    # at the wrong place.
     partial = MiningResult(
         width=200,
         height=100,
         panels=[_panel((0, 0, 120, 100), "b", "plot", "(a) Left")],
-        markers=[],
+        markers=[
+            Marker(
+                kind="arrow",
+                glyph_box=(10, 10, 20, 20),
+                target_point=(85, 85),
+                target_box=(80, 80, 95, 95),
+                confidence=1.0,
+            )
+        ],
         regions=[],
         stage_seconds={},
         notes=[],
@@ -79,4 +89,4 @@ def test_scores_a_perfect_and_a_partial_prediction() -> None:
     assert report["label_accuracy"] == 0.0 and report["figure_type_accuracy"] == 0.0
     assert report["subcaption_exact"] == 0.0
     assert report["subcaption_token_f1"] == pytest.approx((2 * 0.5 * 0.5 / 1.0 + 0.0) / 2)
-    assert report["marker_target_recall"] == 0.0
+    assert report["marker_target_recall"] == 0.0 and report["marker_precision"] == 0.0

@@ -449,14 +449,26 @@ def eval_mining(
     captions: Annotated[
         Path | None, typer.Option(help="Caption-only mode: a caption-splitting .jsonl set.")
     ] = None,
-    out: Annotated[Path, typer.Option(help="Where the JSON report goes.")] = Path("mining-eval.json"),
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Where the JSON report goes (default: a new mining-eval-<UTC time>.json)."),
+    ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(help="Only the figures of this split in the folder's splits.json (tune, check)."),
+    ] = None,
     reference: Annotated[
         bool, typer.Option(help="Also score the naive XY-cut reference in the same run.")
     ] = True,
     limit: Annotated[int | None, typer.Option(help="Score only the first N figures.")] = None,
 ) -> None:
-    """Panel P/R/F1 at IoU 0.5/0.75/0.9, mean IoU, labels, subcaptions, marker recall, types, time."""
+    """Panel P/R/F1 at IoU 0.5/0.75/0.9, COCO AP, panel counts, misses by cause, mean IoU, labels,
+    subcaptions, marker recall, types, time."""
     import json as json_lib
+    from datetime import UTC, datetime
+
+    if out is None:
+        out = Path(f"mining-eval-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json")
 
     if (folder is None) == (captions is None):
         console.print("[red]give exactly one of --dir or --captions[/red]")
@@ -475,9 +487,13 @@ def eval_mining(
     if not (folder / "annotations.json").is_file():
         console.print(f"[red]{folder} has no annotations.json[/red]")
         raise typer.Exit(2)
-    report["cpu"] = evaluate_folder(folder, cpu_miner(), limit=limit)
+    try:
+        report["cpu"] = evaluate_folder(folder, cpu_miner(), limit=limit, split=split)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
     if reference:
-        report["naive_xycut"] = evaluate_folder(folder, naive_reference, limit=limit)
+        report["naive_xycut"] = evaluate_folder(folder, naive_reference, limit=limit, split=split)
     out.write_text(json_lib.dumps(report, indent=2))
     _print_mining_table(report)
     console.print(f"report written to {out}")
@@ -504,12 +520,17 @@ def _print_mining_table(report: dict[str, object]) -> None:
         rows.append((f"panel F1@{level}", [r["panels"][level]["f1"] for r in runs]))
         rows.append((f"  precision@{level}", [r["panels"][level]["precision"] for r in runs]))
         rows.append((f"  recall@{level}", [r["panels"][level]["recall"] for r in runs]))
+    for key in ("panels_ap50", "panels_ap50_95", "labels_ap50", "labels_ap50_95"):
+        rows.append((key, [r.get("coco", {}).get(key) for r in runs]))
+    for key in ("exact", "too_many", "too_few"):
+        rows.append((f"figures {key.replace('_', ' ')}", [r.get("counts", {}).get(key) for r in runs]))
     for key in (
         "mean_iou",
         "label_accuracy",
         "subcaption_exact",
         "subcaption_token_f1",
         "marker_target_recall",
+        "marker_precision",
         "figure_type_accuracy",
         "figures_per_second",
         "figures",
@@ -519,6 +540,9 @@ def _print_mining_table(report: dict[str, object]) -> None:
         table.add_row(name, *(cell(v) for v in values))
     out.print(table)
     first = runs[0] if runs else {}
+    buckets = first.get("buckets", {}).get("counts", {}) if isinstance(first, dict) else {}
+    if buckets:
+        out.print("misses by cause: " + ", ".join(f"{k} {v}" for k, v in buckets.items()))
     stages = first.get("stage_seconds_per_figure", {}) if isinstance(first, dict) else {}
     if stages:
         out.print(

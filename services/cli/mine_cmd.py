@@ -1,9 +1,11 @@
-"""`p2p mine --stale`: re-mine, through the mining queue, the figures an older miner version produced."""
+"""`p2p mine`: `--stale` re-mines, through the mining queue, the figures an older miner version
+produced; `IMAGE...` mines images here, with no server (``mine_local``)."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from p2p.cli.common import open_runtime, settings_or_exit
+from p2p.cli.mine_local import mine_here
 from p2p.mining import remine
 from p2p.shared.db.models import JobStatus
 from p2p.shared.runtime import Runtime
@@ -30,6 +33,21 @@ def current_version(backend: str) -> str:
 
 
 def mine(
+    images: Annotated[
+        list[Path] | None, typer.Argument(help="Images or folders of images to mine here, with no server.")
+    ] = None,
+    caption: Annotated[
+        str | None, typer.Option(help="Local mining: the caption, for every image given.")
+    ] = None,
+    caption_file: Annotated[
+        Path | None, typer.Option("--caption-file", help="Local mining: a text file holding the caption.")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Local mining: one JSON object per figure, one a line.")
+    ] = False,
+    draw_dir: Annotated[
+        Path | None, typer.Option("--draw", help="Local mining: write each figure with its boxes drawn here.")
+    ] = None,
     stale: Annotated[
         bool, typer.Option("--stale", help="Re-mine the figures whose results an older miner version made.")
     ] = False,
@@ -39,11 +57,24 @@ def mine(
     limit: Annotated[int | None, typer.Option(min=1, help="Re-mine at most this many figures.")] = None,
     wait: Annotated[bool, typer.Option(help="Follow the jobs with a progress bar until they finish.")] = True,
 ) -> None:
-    """Re-mine what an older miner produced: counts first, then queues one job per figure on the mining
-    queue. Each figure keeps its results until its new ones are complete (then they replace them in
-    one transaction); a re-mine that fails leaves the old ones. Ctrl-C stops watching, not the jobs."""
+    """Mine figures. IMAGE...: mine those images (or the images in those folders) here with the CPU
+    backend, no server: a table per figure, or --json lines, and --draw for the boxes.
+
+    --stale: re-mine what an older miner produced: counts first, then queues one job per figure on
+    the mining queue. Each figure keeps its results until its new ones are complete (then they
+    replace them in one transaction); a re-mine that fails leaves the old ones. Ctrl-C stops
+    watching, not the jobs."""
+    if images:
+        if stale:
+            err.print("[red]give images to mine here, or --stale to re-mine stored figures, not both[/red]")
+            raise typer.Exit(2)
+        mine_here(images, caption=caption, caption_file=caption_file, as_json=as_json, draw_dir=draw_dir)
+        return
     if not stale:
-        err.print("[red]say what to re-mine: --stale (figures an older miner version produced)[/red]")
+        err.print(
+            "[red]say what to mine: IMAGE... (here, no server) or --stale (figures an older miner "
+            "version produced)[/red]"
+        )
         raise typer.Exit(2)
     settings = settings_or_exit()
     backend = backend or settings.mining.backend

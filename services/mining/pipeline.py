@@ -22,12 +22,14 @@ from p2p.mining.cpu.labels.trim import trim_labels
 from p2p.mining.cpu.markers.net import shipped_fusion
 from p2p.mining.cpu.markers.net import shipped_net as shipped_marker_net
 from p2p.mining.cpu.markers.rules import detect_markers
+from p2p.mining.cpu.ownership import own_panels
 from p2p.mining.cpu.panel_type import default_classifier
 from p2p.mining.cpu.segmentation.axis_strips import return_axis_strips
 from p2p.mining.cpu.segmentation.count_guided import join_unlabelled
 from p2p.mining.cpu.segmentation.seam_net import shipped_net as shipped_seam_net
 from p2p.mining.cpu.segmentation.seams import default_model as seam_model
 from p2p.mining.cpu.segmentation.segment import segment_figure
+from p2p.mining.cpu.working_scale import MAX_SIDE, map_back, shrink
 from p2p.mining.label_repair import repair_with_caption
 from p2p.mining.params import (
     AxisStripParams,
@@ -96,6 +98,9 @@ class CpuMiner:
         if image.ndim == 2:
             image = np.stack([image] * 3, axis=-1)
         image = np.ascontiguousarray(image[..., :3])
+        small = shrink(image, MAX_SIDE)
+        if small is not None:
+            return map_back(self.mine(small, caption, context=context), image.shape[1], image.shape[0])
         ctx = StageContext(image=image, caption=caption)
         if ctx.width < 8 or ctx.height < 8:
             ctx.notes.append(f"image is {ctx.width}x{ctx.height} px: too small to mine; kept as one panel")
@@ -275,6 +280,13 @@ class _AxisStripStage:
         )
 
 
+def _ownership(ctx: StageContext) -> None:
+    ctx.candidates, ctx.labels, notes = own_panels(
+        ctx.image, ctx.candidates, ctx.labels, ctx.detections, named=ctx.named
+    )
+    ctx.notes.extend(notes)
+
+
 def _reading_order(ctx: StageContext) -> None:
     ctx.candidates, ctx.labels = in_reading_order(ctx.candidates, ctx.labels)
 
@@ -332,6 +344,7 @@ def _subcaptions(ctx: StageContext) -> None:
                 type_confidence=type_conf,
                 confidence=candidate.confidence,
                 subcaption=subcaption,
+                outer_box=candidate.outer_box,
             )
         )
 
@@ -347,8 +360,11 @@ class _MarkerStage:
         ctx.markers_by_panel = {
             index: [
                 m
-                for m in detect_markers(ctx.image, panel.box, params=self.params)
+                # looked for in all the panel's label owns (pictures with their headers), kept
+                # when they point into the panel
+                for m in detect_markers(ctx.image, panel.outer_box or panel.box, params=self.params)
                 if not _on_label(m.glyph_box, label_boxes)
+                and geometry.contains_point(panel.box, *m.target_point)
             ]
             for index, panel in enumerate(ctx.panels)
             if panel.figure_type == "image"
@@ -439,6 +455,12 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
             ("image", "candidates", "detections", "analysis"),
             ("candidates",),
             _AxisStripStage(p.axis_strips),
+        ),
+        Stage(
+            "panels_ownership",
+            ("image", "candidates", "labels", "detections", "named"),
+            ("candidates", "labels"),
+            _ownership,
         ),
         Stage("reading_order", ("candidates", "labels"), ("candidates", "labels"), _reading_order),
         Stage("captions", ("caption", "candidates", "labels"), ("labels", "split"), _caption_labels),

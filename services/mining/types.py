@@ -28,6 +28,8 @@ class FigureContext:
 class PanelCandidate:
     box: Box
     confidence: float = 1.0
+    # what the panel's label owns around its box: headings, outside row/column text, colour bars
+    outer_box: Box | None = None
 
 
 @dataclass
@@ -86,6 +88,7 @@ class MinedPanel:
     confidence: float
     subcaption: str | None = None
     description: str | None = None
+    outer_box: Box | None = None  # the box with the panel's headings and outside text (or None)
 
 
 @dataclass

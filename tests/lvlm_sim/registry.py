@@ -71,11 +71,14 @@ class Figure:
         return next((p for p in self.panels if p.label == label), None)
 
 
+REAL_TARGET_SIDE = 0.05  # of the figure's shorter side: the structure a real marker points at
+
+
 def figure_from_entry(folder: Path, name: str, entry: dict[str, Any]) -> Figure:
     subcaptions: dict[str, str] = entry.get("subcaptions") or {}
     panels = [
         GtPanel(
-            label=str(p["label"]),
+            label=str(p["label"]) if p.get("label") is not None else "",
             box=from_inclusive(p["box"]),
             type=str(p.get("type") or "image"),
             modality=str(p.get("modality") or ""),
@@ -84,13 +87,16 @@ def figure_from_entry(folder: Path, name: str, entry: dict[str, Any]) -> Figure:
         for p in entry.get("panels", [])
     ]
     markers = []
+    side = REAL_TARGET_SIDE * min(int(entry.get("width", 0)), int(entry.get("height", 0)))
     for m in entry.get("markers", []):
         tx, ty = m["target_point"]
+        # real annotations give the target point only: a small box round it is the structure
+        target = (tx - side / 2, ty - side / 2, tx + side / 2, ty + side / 2)
         markers.append(
             GtMarker(
                 kind=str(m.get("kind") or "other"),
                 glyph_box=from_inclusive(m["glyph_box"]) if m.get("glyph_box") else (0.0, 0.0, 0.0, 0.0),
-                target_box=from_inclusive(m["target_box"]),
+                target_box=from_inclusive(m["target_box"]) if m.get("target_box") else target,
                 target_point=(float(tx) + 0.5, float(ty) + 0.5),
                 panel=str(m.get("panel") or ""),
                 text=m.get("text") or None,
@@ -99,7 +105,7 @@ def figure_from_entry(folder: Path, name: str, entry: dict[str, Any]) -> Figure:
     return Figure(
         name=name,
         path=folder / name,
-        caption=normalize_caption(str(entry.get("caption", ""))),
+        caption=normalize_caption(str(entry.get("caption") or "")),
         width=int(entry.get("width", 0)),
         height=int(entry.get("height", 0)),
         panels=panels,

@@ -18,6 +18,14 @@ import numpy as np
 from PIL import Image
 
 from p2p.mining.lab.eval_captions import token_f1
+from p2p.mining.lab.eval_detection import (
+    FigureBoxes,
+    Prediction,
+    TruthPanel,
+    coco_summary,
+    count_table,
+    miss_buckets,
+)
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
 
@@ -45,10 +53,13 @@ class Tally:
     sub_f1: list[float] = field(default_factory=list)
     markers_hit: int = 0
     markers_total: int = 0
+    found_right: int = 0  # predicted markers whose target holds a true marker's target point
+    found_total: int = 0
     stage_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     seconds: float = 0.0
     figures: int = 0
     per_figure: list[dict[str, Any]] = field(default_factory=list)
+    boxes: list[FigureBoxes] = field(default_factory=list)
 
     def report(self) -> dict[str, Any]:
         def prf(level: float) -> dict[str, float]:
@@ -66,12 +77,16 @@ class Tally:
             "subcaption_exact": float(np.mean(self.sub_exact)) if self.sub_exact else None,
             "subcaption_token_f1": float(np.mean(self.sub_f1)) if self.sub_f1 else None,
             "marker_target_recall": self.markers_hit / self.markers_total if self.markers_total else None,
+            "marker_precision": self.found_right / self.found_total if self.found_total else None,
             "markers": self.markers_total,
             "seconds_per_figure": self.seconds / self.figures if self.figures else 0.0,
             "figures_per_second": self.figures / self.seconds if self.seconds else 0.0,
             "stage_seconds_per_figure": {
                 k: v / max(self.figures, 1) for k, v in sorted(self.stage_seconds.items())
             },
+            "coco": coco_summary(self.boxes),
+            "counts": count_table(self.boxes),
+            "buckets": miss_buckets(self.boxes),
             "per_figure": self.per_figure,
         }
 
@@ -110,6 +125,7 @@ def score_figure(
     targets = [m.target_box for m in result.markers] + [r.box for r in result.regions]
     hits = 0
     markers = truth.get("markers", [])
+    points: list[tuple[float, float, float]] = []  # true target points with their margins
     for marker in markers:
         x, y = marker["target_point"]
         panel = next(
@@ -118,6 +134,27 @@ def score_figure(
         )
         margin = MARKER_MARGIN * float(np.hypot(geometry.width(panel), geometry.height(panel)))
         hits += int(any(geometry.contains_point(box, x + 0.5, y + 0.5, margin) for box in targets))
+        points.append((x + 0.5, y + 0.5, margin))
+    tally.boxes.append(
+        FigureBoxes(
+            name=name,
+            truth=tuple(
+                TruthPanel(
+                    box=box,
+                    label=p.get("label"),
+                    kind=p.get("type"),
+                    outer_box=geometry.from_inclusive(p["outer_box"]) if p.get("outer_box") else None,
+                )
+                for p, box in zip(gt_panels, gt_boxes, strict=True)
+            ),
+            predicted=tuple(Prediction(box=p.box, label=p.label, score=p.confidence) for p in result.panels),
+        )
+    )
+    tally.found_total += len(result.markers)
+    tally.found_right += sum(
+        any(geometry.contains_point(m.target_box, x, y, margin) for x, y, margin in points)
+        for m in result.markers
+    )
     tally.markers_hit += hits
     tally.markers_total += len(markers)
     tally.per_figure.append(
@@ -134,10 +171,28 @@ def score_figure(
     )
 
 
-def evaluate_folder(folder: Path, miner: Miner, *, limit: int | None = None) -> dict[str, Any]:
+def split_names(folder: Path, split: str) -> list[str]:
+    """The figure names of one split in the folder's ``splits.json`` (as real-dev has it)."""
+    path = folder / "splits.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} has no splits.json: --split needs one")
+    splits = json.loads(path.read_text())
+    if split.startswith("_") or split not in splits:
+        known = ", ".join(k for k in splits if not k.startswith("_"))
+        raise ValueError(f"split {split!r} is not in {path} (it has: {known})")
+    return list(splits[split])
+
+
+def evaluate_folder(
+    folder: Path, miner: Miner, *, limit: int | None = None, split: str | None = None
+) -> dict[str, Any]:
     annotations = json.loads((folder / "annotations.json").read_text())
     tally = Tally()
-    names = sorted(name for name in annotations if not name.startswith("_"))[:limit]
+    names = sorted(name for name in annotations if not name.startswith("_"))
+    if split is not None:
+        wanted = set(split_names(folder, split))
+        names = [name for name in names if name in wanted]
+    names = names[:limit]
     for name in names:
         truth = annotations[name]
         with Image.open(folder / name) as img:

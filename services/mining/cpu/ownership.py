@@ -1,0 +1,715 @@
+"""Panels as the paper defines them: what one printed label owns.
+
+The segmenter cuts wherever it sees a gutter, so on real figures a grid of micrographs under one
+letter, two charts under one letter or a blot with its quantification come back as several boxes,
+most of them unlabelled. Once labels are read, the labels decide instead:
+
+- Labels are the read detections that form one series (one case of letters, or the labels the
+  caption names; sub-panel labels such as "a1" beside "A"); letters the series lacks are looked
+  for among lone glyphs of the labels' size and read again (``unread_labels``).
+- The figure is cut along its blank gutters, but only where both sides keep a label heading
+  content of their own (little content left of or above the side's labels). Label glyphs do not
+  block a gutter, and a label standing in one goes with the content after it.
+- A part holding one label is that label's panel, whatever gutters run inside it: every piece of
+  content in it is the label's, and nothing is left as an unlabelled panel beside it.
+- Its box follows the annotation conventions: a part that is mostly pictures is the union of
+  the pictures (headers, row labels and titles printed round them stay out); otherwise a
+  centred one-line heading above the content stays out. What stays out is in the outer box.
+- While a label the caption or the series names is still unread, its panel would be swallowed
+  by a neighbour: the segmenter's pieces stand, and a note says why.
+- A figure that prints no labels is cut only where blank space sets panels apart
+  (``separate_parts``): a single diagram or image stays whole. A gutter that nearly qualifies
+  makes the layout ambiguous: a note, and a lower panel confidence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from p2p.mining.cpu.imaging import ink_mask, tight_box
+from p2p.mining.types import LabelDetection, PanelCandidate
+from p2p.shared.geometry import Box
+
+# Tuned on real-dev "tune" only (bench/README.md, real figures); every value is a general rule.
+INK_THRESHOLD = 225  # darkest channel below this is ink (gutters): the segmenter's threshold
+FAINT_THRESHOLD = 240  # ... and for a panel's extent, where pale renderings count
+DENSE_KERNEL = 0.012  # of the part's longer side: a square pictures fill and text does not
+MIN_PICTURE_SHARE = 0.01  # of the content box: a smaller dense block is a bar or a glyph
+PICTURE_SHARE = 0.6  # of the content box the pictures must fill for the part to be pictures
+MAX_PICTURE_ASPECT = 4.0  # a blot strip is longer than this
+SOLID_FILL = 0.5  # of a row or column a picture block fills (sparser edge rows are header text)
+HEADING_LINES = 1.5  # label heights: how tall a heading band may be
+HEADING_WIDTH = 0.7  # of the content width a heading may span
+HEADING_OFFSET = 0.1  # of the content width a heading's centre may be off the content's
+SEPARATE_RATIO = 1.5  # unlabelled figures: panel gutter / widest gap inside the panels
+MIN_SEPARATE_GAP = 0.01  # of the figure's longer side: narrower gutters never separate panels
+MIN_SIDE_INK = 0.03  # of the content's ink: less is a note or a scale bar, not a panel
+REPEAT_AREA_RATIO = 2.5  # largest / smallest piece of a row or grid of panels
+UNLABELLED_CONFIDENCE = 0.7
+AMBIGUOUS_FACTOR = 0.6  # share of the confidence kept when the layout is ambiguous
+HEAD_TOLERANCE = 1.5  # label heights a panel's content may start left of or above its label
+MAX_BEFORE_SHARE = 0.1  # of a part's content: more left of or above its labels is a neighbour's
+WORK_SIDE = 1200  # gutters are looked for at most this large (longest side)
+MIN_LABEL_CONFIDENCE = 0.3  # reads below this own nothing unless the caption names them
+MAX_SERIES_GAP = 2  # letters missing in a row before the series is taken to have ended
+MIN_CONTENT_SHARE = 0.002  # of a part's area: the ink beside its labels that makes it content
+MAX_GLYPH_READS = 48  # lone glyphs read in search of unread labels, likeliest sizes first
+OWNED_CONFIDENCE = 0.8  # a panel assembled from pieces under its label
+
+IntBox = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Anchor:
+    text: str
+    box: IntBox  # working-scale pixels, x2/y2 exclusive
+
+    @property
+    def center(self) -> tuple[float, float]:
+        return ((self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2)
+
+
+def series_labels(detections: list[LabelDetection], named: list[str]) -> list[LabelDetection]:
+    """The detections that are panel labels: one per text, in one series.
+
+    With a caption that names labels, those the caption names (case aside). Without, letters of
+    the case most reads have, from "a" on up to the first run of more than ``MAX_SERIES_GAP``
+    missing letters; digits and words only when the caption names them."""
+    best: dict[str, LabelDetection] = {}
+    if named:
+        wanted = {n.lower(): n for n in named}
+        for det in detections:
+            key = det.text.lower()
+            if key in wanted and (key not in best or det.confidence > best[key].confidence):
+                best[key] = det
+        return list(best.values())
+    letters = [
+        d
+        for d in detections
+        if len(d.text) == 1 and d.text.isalpha() and d.confidence >= MIN_LABEL_CONFIDENCE
+    ]
+    upper = [d for d in letters if d.text.isupper()]
+    lower = [d for d in letters if d.text.islower()]
+    chosen = upper if len(upper) >= len(lower) else lower
+    for det in chosen:
+        if det.text not in best or det.confidence > best[det.text].confidence:
+            best[det.text] = det
+    kept: list[LabelDetection] = []
+    expected = 0
+    for det in sorted(best.values(), key=lambda d: d.text.lower()):
+        index = ord(det.text.lower()) - ord("a")
+        if index - expected > MAX_SERIES_GAP:
+            break
+        kept.append(det)
+        expected = index + 1
+    # sub-panel labels of a kept letter ("a1", "a2" beside "A") are printed labels too
+    kept_letters = {d.text.lower() for d in kept}
+    subs: dict[str, LabelDetection] = {}
+    for det in detections:
+        text = det.text
+        if (
+            len(text) == 2
+            and text[0].lower() in kept_letters
+            and text[1].isdigit()
+            and det.confidence >= MIN_LABEL_CONFIDENCE
+            and (text not in subs or det.confidence > subs[text].confidence)
+        ):
+            subs[text] = det
+    return kept + list(subs.values())
+
+
+def expected_letters(series: list[LabelDetection], named: list[str]) -> list[str]:
+    """The single-letter labels the figure should print: the caption's, or a to the last read."""
+    if named:
+        return [n for n in named if len(n) == 1 and n.isalpha()]
+    if not series:
+        return []
+    upper = series[0].text.isupper()
+    last = max(ord(d.text.lower()) for d in series)
+    letters = [chr(c) for c in range(ord("a"), last + 1)]
+    return [c.upper() if upper else c for c in letters]
+
+
+def unread_labels(
+    image: np.ndarray,
+    ink: np.ndarray,
+    factor: int,
+    series: list[LabelDetection],
+    named: list[str],
+) -> list[LabelDetection]:
+    """Labels the series lacks, looked for among lone glyphs the size of those read: a letter
+    standing apart (blank margin all round) read by the label recogniser as a missing letter."""
+    have = {d.text.lower() for d in series}
+    missing = {c.lower(): c for c in expected_letters(series, named) if c.lower() not in have}
+    if not missing or not series:
+        return []
+    heights = sorted(d.box[3] - d.box[1] for d in series)
+    found = _lone_glyphs(ink, factor, heights[len(heights) // 2] / factor, [d.box for d in series])
+    best: dict[str, LabelDetection] = {}
+    for det in _read_glyphs(image, found, factor):
+        key = det.text.lower()
+        if (
+            det.confidence < MIN_LABEL_CONFIDENCE
+            or key not in missing
+            or (det.text != missing[key] and not named)
+        ):
+            continue
+        if key not in best or det.confidence > best[key].confidence:
+            best[key] = LabelDetection(text=missing[key], box=det.box, confidence=det.confidence, raw=det.raw)
+    return list(best.values())
+
+
+def _lone_glyphs(ink: np.ndarray, factor: int, h: float, taken: list[Box]) -> list[IntBox]:
+    """Shapes about ``h`` tall (working scale) with a blank margin all round, in figure pixels,
+    likeliest sizes first; none overlapping a label already read."""
+    count, _, stats, _ = cv2.connectedComponentsWithStats(ink.astype(np.uint8), connectivity=8)
+    integral = cv2.integral(ink.astype(np.uint8))
+    margin = max(1, round(0.6 * h))
+    height, width = ink.shape
+
+    def inked(x1: int, y1: int, x2: int, y2: int) -> int:
+        return int(integral[y2, x2] - integral[y1, x2] - integral[y2, x1] + integral[y1, x1])
+
+    found: list[tuple[float, IntBox]] = []
+    for k in range(1, count):
+        x, y, w, hh, _area = (int(v) for v in stats[k])
+        if not (0.7 * h <= hh <= 1.4 * h and w <= 1.5 * h):
+            continue
+        around = inked(
+            max(0, x - margin), max(0, y - margin), min(width, x + w + margin), min(height, y + hh + margin)
+        )
+        full = (x * factor, y * factor, (x + w) * factor, (y + hh) * factor)
+        if around == inked(x, y, x + w, y + hh) and not any(_overlap(full, t) for t in taken):
+            found.append((abs(hh - h), full))
+    found.sort()
+    return [box for _, box in found[:MAX_GLYPH_READS]]
+
+
+def _read_glyphs(image: np.ndarray, boxes: list[IntBox], factor: int) -> list[LabelDetection]:
+    """What the label recogniser reads in each glyph box (figure pixels), where it reads a label."""
+    from p2p.mining.cpu.imaging import INK_THRESHOLD, CornerGlyph
+    from p2p.mining.cpu.labels.read import read_glyphs
+
+    if not boxes:
+        return []
+    gray = cv2.cvtColor(np.ascontiguousarray(image[..., :3]), cv2.COLOR_RGB2GRAY)
+    glyphs = []
+    pad = max(2, factor)
+    for x1, y1, x2, y2 in boxes:
+        cx1, cy1 = max(0, x1 - pad), max(0, y1 - pad)
+        cx2, cy2 = min(gray.shape[1], x2 + pad), min(gray.shape[0], y2 + pad)
+        keep = gray[cy1:cy2, cx1:cx2] < INK_THRESHOLD
+        tight = tight_box(keep, (0, 0, keep.shape[1], keep.shape[0]))
+        if tight is None:
+            continue
+        box = (cx1 + tight[0], cy1 + tight[1], cx1 + tight[2], cy1 + tight[3])
+        glyphs.append(
+            CornerGlyph(box=box, crop_box=(cx1, cy1, cx2, cy2), keep=keep, invert=False, corner="tl")
+        )
+    return [det for det in read_glyphs(gray, glyphs) if det is not None]
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+
+def faint_ink(image: np.ndarray, threshold: int) -> np.ndarray:
+    """Ink down to faint greys: light renderings (a grey body outline, a pale stain) are content
+    a reader sees; the segmenter's threshold leaves them out."""
+    rgb = np.ascontiguousarray(image[..., :3])
+    darkest = np.minimum(np.minimum(rgb[:, :, 0], rgb[:, :, 1]), rgb[:, :, 2])
+    mask = ink_mask(rgb)
+    if mask.mean() > 0.5:  # a dark canvas: its own reading stands
+        return mask
+    return np.asarray(darkest < threshold)
+
+
+def working_ink(image: np.ndarray, threshold: int = INK_THRESHOLD) -> tuple[np.ndarray, int]:
+    """The figure's ink at working scale (a block is ink if any pixel in it is) and the factor."""
+    mask = faint_ink(image, threshold)
+    height, width = mask.shape
+    factor = max(1, math.ceil(max(height, width) / WORK_SIDE))
+    if factor > 1:
+        ph, pw = -height % factor, -width % factor
+        padded = np.pad(mask, ((0, ph), (0, pw)))
+        blocks = padded.reshape(padded.shape[0] // factor, factor, padded.shape[1] // factor, factor)
+        mask = np.asarray(blocks.any(axis=(1, 3)), dtype=bool)
+    # lone specks (JPEG ringing) would bridge gutters
+    _, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    specks = stats[:, cv2.CC_STAT_AREA] <= 2
+    specks[0] = False
+    if specks.any():
+        mask = mask & ~specks[labels]
+    return np.asarray(mask, dtype=bool), factor
+
+
+def _gaps(profile: np.ndarray | np.bool_) -> list[tuple[int, int]]:
+    """Blank runs strictly between the first and last inked positions: (start, end)."""
+    profile = np.asarray(profile, dtype=bool)
+    inked = np.flatnonzero(profile)
+    if inked.size < 2:
+        return []
+    runs: list[tuple[int, int]] = []
+    start = None
+    for pos in range(int(inked[0]), int(inked[-1]) + 1):
+        if not profile[pos]:
+            if start is None:
+                start = pos
+        elif start is not None:
+            runs.append((start, pos))
+            start = None
+    return runs
+
+
+def _content(ink: np.ndarray, box: IntBox, anchors: list[Anchor]) -> int:
+    """Ink in ``box`` outside the label glyphs (grown a little)."""
+    x1, y1, x2, y2 = box
+    crop = ink[y1:y2, x1:x2].copy()
+    for a in anchors:
+        gx1, gy1, gx2, gy2 = a.box
+        pad = max(1, (gy2 - gy1) // 3)
+        crop[
+            max(0, gy1 - pad - y1) : max(0, gy2 + pad - y1), max(0, gx1 - pad - x1) : max(0, gx2 + pad - x1)
+        ] = False
+    return int(crop.sum())
+
+
+def _inside(anchor: Anchor, box: IntBox) -> bool:
+    cx, cy = anchor.center
+    return box[0] <= cx < box[2] and box[1] <= cy < box[3]
+
+
+def label_parts(ink: np.ndarray, anchors: list[Anchor]) -> list[tuple[IntBox, list[Anchor]]]:
+    """The figure cut along gutters into parts, each with the labels inside it; a cut is made
+    only where both sides keep a label and content besides their labels."""
+    height, width = ink.shape
+    done: list[tuple[IntBox, list[Anchor]]] = []
+    todo: list[tuple[IntBox, list[Anchor]]] = [((0, 0, width, height), anchors)]
+    while todo:
+        box, inside = todo.pop()
+        if len(inside) < 2:
+            done.append((box, inside))
+            continue
+        cut = _best_cut(ink, box, inside)
+        if cut is None:
+            done.append((box, inside))
+            continue
+        for part in cut:
+            todo.append((part, [a for a in inside if _inside(a, part)]))
+    return done
+
+
+def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> tuple[IntBox, IntBox] | None:
+    """The widest gutter across ``box`` that leaves each side a label heading its content.
+    Label glyphs do not block a gutter (a label often stands in the gutter above its panel);
+    a label standing in the gutter goes with the content after it (below, or to the right)."""
+    x1, y1, x2, y2 = box
+    crop = ink[y1:y2, x1:x2].copy()
+    for a in inside:
+        crop[max(0, a.box[1] - y1) : max(0, a.box[3] - y1), max(0, a.box[0] - x1) : max(0, a.box[2] - x1)] = (
+            False
+        )
+    options: list[tuple[int, tuple[IntBox, IntBox]]] = []
+    for axis in (0, 1):  # 0: a horizontal gutter (rows), 1: a vertical one (columns)
+        profile = crop.any(axis=1 - axis)
+        origin = y1 if axis == 0 else x1
+        for start, end in _gaps(profile):
+            within = [
+                a.box[1] if axis == 0 else a.box[0]
+                for a in inside
+                if start <= (a.center[1] if axis == 0 else a.center[0]) - origin < end
+            ]
+            cut = min(within) - origin if within else (start + end) // 2
+            cut = max(start, min(cut, end))
+            if axis == 0:
+                parts = ((x1, y1, x2, y1 + cut), (x1, y1 + cut, x2, y2))
+            else:
+                parts = ((x1, y1, x1 + cut, y2), (x1 + cut, y1, x2, y2))
+            if all(_owns(ink, part, [a for a in inside if _inside(a, part)]) for part in parts):
+                options.append((end - start, parts))
+    if not options:
+        return None
+    return max(options, key=lambda o: o[0])[1]
+
+
+def _owns(ink: np.ndarray, part: IntBox, anchors: list[Anchor]) -> bool:
+    """A part can stand alone when it keeps a label and content besides, and its labels head
+    that content: little of it lies left of or above them (labels are printed at a panel's top
+    left; a part whose label sits mid-way across holds a neighbour's content)."""
+    if not anchors:
+        return False
+    area = max(1, (part[2] - part[0]) * (part[3] - part[1]))
+    content = _content(ink, part, anchors)
+    if content < max(4, MIN_CONTENT_SHARE * area):
+        return False
+    tol = max(a.box[3] - a.box[1] for a in anchors) * HEAD_TOLERANCE
+    left = int(min(a.box[0] for a in anchors) - tol)
+    top = int(min(a.box[1] for a in anchors) - tol)
+    before_left = _content(ink, (part[0], part[1], max(part[0], left), part[3]), anchors)
+    before_top = _content(ink, (part[0], part[1], part[2], max(part[1], top)), anchors)
+    return max(before_left, before_top) <= MAX_BEFORE_SHARE * content
+
+
+def _clip(box: Box, part: IntBox, factor: int) -> Box | None:
+    x1 = max(box[0], part[0] * factor)
+    y1 = max(box[1], part[1] * factor)
+    x2 = min(box[2], part[2] * factor)
+    y2 = min(box[3], part[3] * factor)
+    if x2 <= x1 or y2 <= y1:
+        return None
+    return (x1, y1, x2, y2)
+
+
+def _owned_box(
+    image: np.ndarray,
+    ink: np.ndarray,
+    full: np.ndarray,
+    factor: int,
+    part: IntBox,
+    owner: Anchor,
+    text_height: float,
+) -> tuple[Box, Box | None] | None:
+    """The part's content without its label glyph, in figure pixels: found at working scale
+    (specks gone), then tightened to the figure's own ink inside it. With it the outer box (all
+    the label owns, headings and outside text included) when the conventions leave some out."""
+    x1, y1, x2, y2 = part
+    local = ink[y1:y2, x1:x2].copy()
+    gx1, gy1, gx2, gy2 = owner.box
+    pad = max(1, (gy2 - gy1) // 4)
+    local[
+        max(0, gy1 - pad - y1) : max(0, gy2 + pad - y1), max(0, gx1 - pad - x1) : max(0, gx2 + pad - x1)
+    ] = False
+    content = tight_box(local, (0, 0, x2 - x1, y2 - y1))
+    if content is None:
+        return None
+    box = content
+    pictures = image_extents(local, box)
+    if pictures is not None and _chart(
+        image, factor, (pictures[0] + x1, pictures[1] + y1, pictures[2] + x1, pictures[3] + y1)
+    ):
+        pictures = None
+    box = pictures if pictures is not None else without_heading(local, box, text_height)
+    glyph = ((gx1 - pad) * factor, (gy1 - pad) * factor, (gx2 + pad) * factor, (gy2 + pad) * factor)
+    tight = _in_figure(full, factor, (box[0] + x1, box[1] + y1, box[2] + x1, box[3] + y1), glyph)
+    if tight is None:
+        return None
+    if box == content:
+        return tight, None
+    outer = _in_figure(
+        full, factor, (content[0] + x1, content[1] + y1, content[2] + x1, content[3] + y1), glyph
+    )
+    return tight, outer
+
+
+def _chart(image: np.ndarray, factor: int, block: IntBox) -> bool:
+    """Whether a dense block (working scale) is a chart, a heat map's cells: dense like a
+    picture, but a plot, whose tick labels and colour bar belong in its box."""
+    from p2p.mining.cpu.panel_type import default_classifier
+
+    x1, y1, x2, y2 = (v * factor for v in block)
+    kind, _ = default_classifier().classify(np.ascontiguousarray(image[y1:y2, x1:x2, :3]))
+    return kind == "plot"
+
+
+def _in_figure(full: np.ndarray, factor: int, box: IntBox, glyph: IntBox) -> Box | None:
+    """A working-scale box in figure pixels, tightened to the figure's ink with the label
+    glyph (figure pixels) left out, where it shares a block with content."""
+    wx1, wy1, wx2, wy2 = (v * factor for v in box)
+    height, width = full.shape
+    fine = full[wy1 : min(wy2, height), wx1 : min(wx2, width)].copy()
+    fine[max(0, glyph[1] - wy1) : max(0, glyph[3] - wy1), max(0, glyph[0] - wx1) : max(0, glyph[2] - wx1)] = (
+        False
+    )
+    tight = tight_box(fine, (0, 0, fine.shape[1], fine.shape[0]))
+    if tight is None:
+        return None
+    return (float(wx1 + tight[0]), float(wy1 + tight[1]), float(wx1 + tight[2]), float(wy1 + tight[3]))
+
+
+def _solid_core(mask: np.ndarray) -> IntBox | None:
+    """The block's box without sparse edge rows or columns: text blobs of a framed header that
+    survived the opening hang on a picture grid's edge, thinly; the pictures fill their rows."""
+    rows = mask.mean(axis=1) >= SOLID_FILL
+    cols = mask.mean(axis=0) >= SOLID_FILL
+    if not rows.any() or not cols.any():
+        return None
+    r, c = np.flatnonzero(rows), np.flatnonzero(cols)
+    return (int(c[0]), int(r[0]), int(c[-1]) + 1, int(r[-1]) + 1)
+
+
+def image_extents(faint: np.ndarray, box: IntBox) -> IntBox | None:
+    """For a part that is mostly pictures (micrographs, photographs, a grid of them): the union
+    of the pictures, leaving out the text printed around them (headers, row labels, titles).
+    None when the part is not mostly pictures: a plot's bars, a blot's strips and a heat map's
+    cells are dense too, but narrow, small or a minor share of the content."""
+    x1, y1, x2, y2 = box
+    crop = faint[y1:y2, x1:x2].astype(np.uint8)
+    if crop.size == 0:
+        return None
+    side = max(crop.shape)
+    k = max(5, round(DENSE_KERNEL * side))
+    closed = cv2.morphologyEx(crop, cv2.MORPH_CLOSE, np.ones((3, 3), np.uint8))
+    dense = cv2.morphologyEx(closed, cv2.MORPH_OPEN, np.ones((k, k), np.uint8))
+    count, comp, stats, _ = cv2.connectedComponentsWithStats(dense, connectivity=8)
+    area = crop.shape[0] * crop.shape[1]
+    kept = []
+    for i in range(1, count):
+        x, y, w, h, a = (int(v) for v in stats[i])
+        if a < MIN_PICTURE_SHARE * area or a < 0.7 * w * h or max(w, h) > MAX_PICTURE_ASPECT * min(w, h):
+            continue
+        trimmed = _solid_core(comp[y : y + h, x : x + w] == i)
+        if trimmed is None:
+            continue
+        tx1, ty1, tx2, ty2 = trimmed
+        kept.append((x + tx1, y + ty1, x + tx2, y + ty2, a))
+    if not kept or sum(k[4] for k in kept) < PICTURE_SHARE * area:
+        return None
+    return _union(kept, x1, y1)
+
+
+def _union(blocks: list[tuple[int, int, int, int, int]], x: int, y: int) -> IntBox:
+    return (
+        x + min(k[0] for k in blocks),
+        y + min(k[1] for k in blocks),
+        x + max(k[2] for k in blocks),
+        y + max(k[3] for k in blocks),
+    )
+
+
+def without_heading(faint: np.ndarray, box: IntBox, text_height: float) -> IntBox:
+    """``box`` without a heading above its content: a top band one text line tall, centred over
+    the content and narrower than it, set apart by a blank gutter (a chart title, a column of
+    schematics' title). A legend at the top is wider or off centre and stays."""
+    x1, y1, x2, y2 = box
+    rows = faint[y1:y2, x1:x2].any(axis=1)
+    gaps = _gaps(rows)
+    if not gaps:
+        return box
+    end = gaps[0][0]
+    below = y2 - y1 - gaps[0][1]
+    if end > HEADING_LINES * text_height or below < 3 * end:
+        return box
+    cols = np.flatnonzero(faint[y1 : y1 + end, x1:x2].any(axis=0))
+    if cols.size == 0:
+        return box
+    width = x2 - x1
+    band_center = (cols[0] + cols[-1]) / 2
+    if cols[-1] - cols[0] > HEADING_WIDTH * width or abs(band_center - width / 2) > HEADING_OFFSET * width:
+        return box
+    rest = tight_box(faint, (x1, y1 + gaps[0][1], x2, y2))
+    return rest or box
+
+
+def _widest_gap(ink: np.ndarray, box: IntBox) -> int:
+    tight = tight_box(ink, box)
+    if tight is None:
+        return 0
+    x1, y1, x2, y2 = tight
+    crop = ink[y1:y2, x1:x2]
+    widths = [
+        end - start for profile in (crop.any(axis=1), crop.any(axis=0)) for start, end in _gaps(profile)
+    ]
+    return max(widths, default=0)
+
+
+def separate_parts(ink: np.ndarray, box: IntBox) -> tuple[list[IntBox], bool]:
+    """A figure without labels cut only where blank space sets panels apart: a gutter wider by
+    ``SEPARATE_RATIO`` than any gap inside the content on either side of it (a row of charts
+    with room between them, not the rows of one diagram). Returns the parts (tight to their
+    ink) and whether a gutter came close to that without reaching it (an ambiguous figure)."""
+    tight = tight_box(ink, box)
+    if tight is None:
+        return [], False
+    best, close = _separating_gutter(ink, tight)
+    if best is None:
+        return [tight], close
+    parts: list[IntBox] = []
+    for side in best:
+        sub, sub_close = separate_parts(ink, side)
+        parts.extend(sub)
+        close = close or sub_close
+    return parts, close
+
+
+def _separating_gutter(ink: np.ndarray, tight: IntBox) -> tuple[tuple[IntBox, IntBox] | None, bool]:
+    """The widest gutter across ``tight`` that sets two parts apart (``separate_parts``), as the
+    two sides, and whether one came close."""
+    min_gap = max(2, round(MIN_SEPARATE_GAP * max(ink.shape)))
+    x1, y1, x2, y2 = tight
+    crop = ink[y1:y2, x1:x2]
+    total = int(crop.sum())
+    best: tuple[int, tuple[IntBox, IntBox]] | None = None
+    close = False
+    for axis in (0, 1):
+        for start, end in _gaps(crop.any(axis=1 - axis)):
+            if axis == 0:
+                sides = ((x1, y1, x2, y1 + start), (x1, y1 + end, x2, y2))
+            else:
+                sides = ((x1, y1, x1 + start, y2), (x1 + end, y1, x2, y2))
+            if (
+                end - start < min_gap
+                or min(int(ink[s[1] : s[3], s[0] : s[2]].sum()) for s in sides) < MIN_SIDE_INK * total
+            ):
+                continue
+            inner = max(_widest_gap(ink, s) for s in sides)
+            if end - start < SEPARATE_RATIO * inner:
+                close = close or end - start >= inner
+            elif best is None or end - start > best[0]:
+                best = (end - start, sides)
+    return (best[1] if best else None), close
+
+
+def repeated(candidates: list[PanelCandidate]) -> bool:
+    """Whether the pieces are panels repeated across the figure (a row or grid of pictures or
+    charts): several, alike in area. A diagram comes apart into pieces of any size."""
+    areas = sorted((c.box[2] - c.box[0]) * (c.box[3] - c.box[1]) for c in candidates)
+    return len(areas) >= 2 and areas[0] > 0 and areas[-1] <= REPEAT_AREA_RATIO * areas[0]
+
+
+def _picture(ink: np.ndarray, factor: int, box: Box) -> bool:
+    """Whether a piece (figure pixels) is mostly pictures (``image_extents``)."""
+    part = (
+        int(box[0]) // factor,
+        int(box[1]) // factor,
+        math.ceil(box[2] / factor),
+        math.ceil(box[3] / factor),
+    )
+    tight = tight_box(ink, part)
+    return tight is not None and image_extents(ink, tight) is not None
+
+
+def whole_unlabelled(
+    image: np.ndarray, candidates: list[PanelCandidate]
+) -> tuple[list[PanelCandidate], list[str]]:
+    """Panels of a figure that prints no labels: the visually separate parts
+    (``separate_parts``), so a single diagram stays whole. Pieces alike in size (``repeated``)
+    are a row or grid of panels, and a picture among them stands apart from whatever is beside
+    it: then the pieces stay as the segmenter found them."""
+    if repeated(candidates):
+        return candidates, []
+    ink, factor = working_ink(image)
+    if len(candidates) > 1 and any(_picture(ink, factor, c.box) for c in candidates):
+        return candidates, []
+    faint, _ = working_ink(image, FAINT_THRESHOLD)
+    full = faint_ink(image, FAINT_THRESHOLD)
+    parts, close = separate_parts(ink, (0, 0, ink.shape[1], ink.shape[0]))
+    if not parts:
+        return candidates, []
+    confidence = UNLABELLED_CONFIDENCE * (AMBIGUOUS_FACTOR if close else 1.0)
+    out = []
+    for part in parts:
+        box = _refine(faint, full, factor, part)
+        if box is not None:
+            out.append(PanelCandidate(box=box, confidence=confidence))
+    notes = []
+    if len(out) != len(candidates):
+        notes.append(
+            f"no panel labels: {len(out)} visually separate part(s) kept, not {len(candidates)} pieces"
+        )
+    if close:
+        notes.append("ambiguous layout: a gutter nearly as wide as the gaps inside the panels")
+    return out or candidates, notes
+
+
+def _refine(
+    faint: np.ndarray, full: np.ndarray, factor: int, part: IntBox
+) -> tuple[float, float, float, float] | None:
+    """A working-scale box in figure pixels, tightened to the figure's own faint ink."""
+    box = tight_box(faint, part)
+    if box is None:
+        return None
+    wx1, wy1, wx2, wy2 = (v * factor for v in box)
+    tight = tight_box(full, (wx1, wy1, min(wx2, full.shape[1]), min(wy2, full.shape[0])))
+    if tight is None:
+        return None
+    return (float(tight[0]), float(tight[1]), float(tight[2]), float(tight[3]))
+
+
+def own_panels(
+    image: np.ndarray,
+    candidates: list[PanelCandidate],
+    labels: list[str | None],
+    detections: list[LabelDetection],
+    *,
+    named: list[str],
+) -> tuple[list[PanelCandidate], list[str | None], list[str]]:
+    """Candidates regrouped so that each read label owns one panel: the union of the pieces in
+    its part of the figure. Returns the panels, their labels and notes."""
+    series = series_labels(detections, named)
+    if not candidates:
+        return candidates, labels, []
+    if not series and len(named) < 2:
+        whole, whole_notes = whole_unlabelled(image, candidates)
+        return whole, [None] * len(whole), whole_notes
+    if len(series) < 2:
+        return candidates, labels, []
+    ink, factor = working_ink(image)
+    series = series + unread_labels(image, ink, factor, series, named)
+    anchors = [
+        Anchor(
+            text=d.text,
+            box=(
+                int(d.box[0] // factor),
+                int(d.box[1] // factor),
+                math.ceil(d.box[2] / factor),
+                math.ceil(d.box[3] / factor),
+            ),
+        )
+        for d in series
+    ]
+    parts = label_parts(ink, anchors)
+    if len(parts) < 2:
+        return candidates, labels, []
+    out, out_labels, notes = _panels_of_parts(image, ink, factor, parts, candidates, labels)
+    if not out:
+        return candidates, labels, []
+    expected = max(len(named), len(expected_letters(series, named)), len(series))
+    read = {d.text.lower() for d in series}
+    unread = [c for c in expected_letters(series, named) if c.lower() not in read]
+    if (len(out) < expected or unread) and len(out) < len(candidates):
+        # labels the caption or the series names went unread: their panels would be swallowed
+        missing = ", ".join(unread) if unread else f"{expected - len(out)} panels"
+        return candidates, labels, [f"labels unread ({missing}): panels left as segmented"]
+    return out, out_labels, notes
+
+
+def _panels_of_parts(
+    image: np.ndarray,
+    ink: np.ndarray,
+    factor: int,
+    parts: list[tuple[IntBox, list[Anchor]]],
+    candidates: list[PanelCandidate],
+    labels: list[str | None],
+) -> tuple[list[PanelCandidate], list[str | None], list[str]]:
+    """One panel per part with one label; a part several labels share keeps the segmenter's
+    pieces inside it, with their labels."""
+    faint, _ = working_ink(image, FAINT_THRESHOLD)
+    full = faint_ink(image, FAINT_THRESHOLD)
+    text_height = float(np.median([a.box[3] - a.box[1] for _, owners in parts for a in owners]))
+    out: list[PanelCandidate] = []
+    out_labels: list[str | None] = []
+    notes: list[str] = []
+    for part, owners in parts:
+        if len(owners) == 1:
+            owned = _owned_box(image, faint, full, factor, part, owners[0], text_height)
+            if owned is not None:
+                out.append(PanelCandidate(box=owned[0], confidence=OWNED_CONFIDENCE, outer_box=owned[1]))
+                out_labels.append(owners[0].text)
+            continue
+        notes.append(
+            "labels " + ", ".join(a.text for a in owners) + " share a part with no gutter between them"
+        )
+        for cand, label in zip(candidates, labels, strict=True):
+            clipped = _clip(cand.box, part, factor)
+            cand_area = max(1e-9, (cand.box[2] - cand.box[0]) * (cand.box[3] - cand.box[1]))
+            if (
+                clipped is not None
+                and (clipped[2] - clipped[0]) * (clipped[3] - clipped[1]) >= 0.5 * cand_area
+            ):
+                out.append(PanelCandidate(box=clipped, confidence=cand.confidence))
+                out_labels.append(label)
+    return out, out_labels, notes

@@ -1,0 +1,212 @@
+"""Panel ownership on figures the tests draw: what each printed label owns."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from p2p.mining.cpu.ownership import own_panels, separate_parts, series_labels, working_ink
+from p2p.mining.types import LabelDetection, PanelCandidate
+
+Box = tuple[int, int, int, int]
+
+
+def _canvas(width: int, height: int) -> np.ndarray:
+    return np.full((height, width, 3), 255, dtype=np.uint8)
+
+
+def _picture(image: np.ndarray, box: Box, seed: int) -> None:
+    """A micrograph: dense texture filling its rectangle."""
+    x1, y1, x2, y2 = box
+    rng = np.random.default_rng(seed)
+    image[y1:y2, x1:x2] = rng.integers(20, 160, size=(y2 - y1, x2 - x1, 1), dtype=np.uint8)
+
+
+def _text(image: np.ndarray, text: str, x: int, y: int, scale: float = 0.5) -> None:
+    cv2.putText(image, text, (x, y), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1, cv2.LINE_AA)
+
+
+def _plot(image: np.ndarray, box: Box) -> None:
+    """A bar chart: axes, a few bars, tick text."""
+    x1, y1, x2, y2 = box
+    cv2.line(image, (x1 + 20, y1), (x1 + 20, y2 - 20), (0, 0, 0), 2)
+    cv2.line(image, (x1 + 20, y2 - 20), (x2, y2 - 20), (0, 0, 0), 2)
+    for k, h in enumerate((0.3, 0.7, 0.5)):
+        bx = x1 + 40 + k * 40
+        cv2.rectangle(image, (bx, int(y2 - 20 - h * (y2 - y1 - 30))), (bx + 20, y2 - 21), (90, 90, 90), -1)
+    _text(image, "10", x1, y1 + 12, 0.35)
+    _text(image, "0", x1 + 4, y2 - 22, 0.35)
+    _text(image, "dose", (x1 + x2) // 2 - 15, y2 - 4, 0.4)
+
+
+def _label(image: np.ndarray, text: str, x: int, y: int) -> LabelDetection:
+    cv2.putText(image, text, (x, y + 20), cv2.FONT_HERSHEY_SIMPLEX, 0.8, (0, 0, 0), 2, cv2.LINE_AA)
+    top, left = max(0, y - 5), max(0, x - 2)
+    dark = image[top : y + 28, left : x + 30].min(axis=2) < 128
+    cols, rows = np.flatnonzero(dark.any(axis=0)), np.flatnonzero(dark.any(axis=1))
+    box = (float(left + cols[0]), float(top + rows[0]), float(left + cols[-1] + 1), float(top + rows[-1] + 1))
+    return LabelDetection(text=text, box=box, confidence=0.95, raw=text)
+
+
+def _grid_and_plots() -> tuple[np.ndarray, list[LabelDetection], list[Box], Box, Box]:
+    """A: a 2x2 grid of pictures with column headers; B: two charts one above the other."""
+    image = _canvas(620, 420)
+    labels = [_label(image, "A", 10, 10), _label(image, "B", 320, 10)]
+    tiles = [(40, 60, 150, 170), (160, 60, 270, 170), (40, 180, 150, 290), (160, 180, 270, 290)]
+    for k, tile in enumerate(tiles):
+        _picture(image, tile, k)
+    _text(image, "control", 60, 48)
+    _text(image, "drug", 195, 48)
+    plots = [(350, 50, 600, 190), (350, 220, 600, 380)]
+    for plot in plots:
+        _plot(image, plot)
+    return image, labels, tiles, (40, 60, 270, 290), (350, 50, 600, 380)
+
+
+def _near(box: tuple[float, ...], expected: Box, tol: float = 3.0) -> bool:
+    return all(abs(a - b) <= tol for a, b in zip(box, expected, strict=True))
+
+
+def test_a_labelled_grid_and_a_plot_group_each_stay_one_panel() -> None:
+    image, labels, tiles, grid, charts = _grid_and_plots()
+    # the segmenter's pieces: each tile, the headers, each chart; only two carry a label
+    pieces = [*tiles, (60, 38, 230, 50), (350, 50, 600, 190), (350, 220, 600, 380)]
+    candidates = [PanelCandidate(box=tuple(float(v) for v in p), confidence=0.9) for p in pieces]
+    read: list[str | None] = ["A", None, None, None, None, "B", None]
+    panels, owned, notes = own_panels(image, candidates, read, labels, named=["A", "B"])
+    assert sorted(owned, key=str) == ["A", "B"]
+    by_label = dict(zip(owned, panels, strict=True))
+    # the grid's box is the union of its pictures: the column headers stay out, in its outer box
+    assert _near(by_label["A"].box, grid)
+    outer = by_label["A"].outer_box
+    assert (
+        outer is not None
+        and outer[1] < 45
+        and _near((outer[0], outer[2], outer[3]), (grid[0], grid[2], grid[3]))
+    )
+    # the unlabelled second chart joined the chart under B
+    assert _near(by_label["B"].box, charts, tol=6)
+    assert notes == []
+
+
+def test_unread_labels_leave_the_segmenters_pieces() -> None:
+    image, labels, tiles, _, _ = _grid_and_plots()
+    candidates = [PanelCandidate(box=tuple(float(v) for v in t), confidence=0.9) for t in tiles]
+    read: list[str | None] = ["A", None, None, None]
+    # the caption names C too, which nothing in the image reads as: panels would be swallowed
+    panels, owned, notes = own_panels(image, candidates, read, labels, named=["A", "B", "C", "D", "E"])
+    assert panels == candidates and owned == read
+    assert notes and "unread" in notes[0]
+
+
+def test_a_label_owns_content_to_its_right_not_its_neighbours() -> None:
+    """A's y-axis title stands apart from A's chart by a wider gutter than the one between A's
+    chart and B: cutting there would leave A only its title and give B A's chart."""
+    image = _canvas(560, 240)
+    labels = [_label(image, "A", 4, 4), _label(image, "B", 272, 4)]
+    for k, ch in enumerate("density"):
+        _text(image, ch, 8, 60 + 16 * k, 0.45)
+    _plot(image, (50, 40, 255, 220))
+    _plot(image, (300, 40, 540, 220))
+    candidates = [
+        PanelCandidate(box=(50.0, 40.0, 255.0, 220.0)),
+        PanelCandidate(box=(300.0, 40.0, 540.0, 220.0)),
+    ]
+    panels, owned, _ = own_panels(image, candidates, ["A", "B"], labels, named=[])
+    by_label = dict(zip(owned, panels, strict=True))
+    assert by_label["A"].box[0] < 20 and by_label["A"].box[2] >= 250
+    assert by_label["B"].box[0] >= 290
+
+
+def test_a_centred_heading_stays_out_of_a_chart_but_a_legend_stays_in() -> None:
+    image = _canvas(600, 260)
+    labels = [_label(image, "A", 4, 4), _label(image, "B", 310, 4)]
+    _text(image, "Macrophage", 100, 40, 0.5)  # centred over A's chart
+    _plot(image, (40, 60, 280, 240))
+    _text(image, "o WT", 340, 40, 0.5)  # a legend at the top left of B's chart
+    _plot(image, (340, 60, 580, 240))
+    candidates = [
+        PanelCandidate(box=(40.0, 28.0, 280.0, 240.0)),
+        PanelCandidate(box=(340.0, 28.0, 580.0, 240.0)),
+    ]
+    panels, owned, _ = own_panels(image, candidates, ["A", "B"], labels, named=["A", "B"])
+    by_label = dict(zip(owned, panels, strict=True))
+    assert by_label["A"].box[1] >= 58
+    assert by_label["B"].box[1] <= 32
+
+
+def test_series_keeps_one_run_of_labels() -> None:
+    def det(text: str, confidence: float = 0.9) -> LabelDetection:
+        return LabelDetection(text=text, box=(0.0, 0.0, 10.0, 10.0), confidence=confidence)
+
+    found = [
+        det("A"),
+        det("B", 0.5),
+        det("B", 0.8),
+        det("12"),
+        det("p"),
+        det("D"),
+        det("W"),
+        det("b1"),
+        det("C", 0.1),
+    ]
+    kept = series_labels(found, [])
+    assert sorted(d.text for d in kept) == ["A", "B", "D", "b1"]  # "W" is past the run's end
+    assert next(d for d in kept if d.text == "B").confidence == 0.8
+    assert [d.text for d in series_labels(found, ["a", "b", "c"])] == [
+        "A",
+        "B",
+        "C",
+    ]  # the caption's, case aside
+    assert series_labels([det("2"), det("7")], []) == []
+
+
+def test_without_labels_only_clear_gutters_separate_panels() -> None:
+    # one diagram: boxes in a row joined by gaps no wider than the gaps inside them
+    diagram = _canvas(500, 200)
+    for k in range(4):
+        x = 20 + k * 120
+        cv2.rectangle(diagram, (x, 60), (x + 90, 140), (0, 0, 0), 2)
+        _text(diagram, "step", x + 25, 105)
+    cv2.rectangle(diagram, (20, 10), (470, 40), (0, 0, 0), 2)
+    ink, _ = working_ink(diagram)
+    parts, _ = separate_parts(ink, (0, 0, ink.shape[1], ink.shape[0]))
+    assert len(parts) == 1
+    # two pictures set far apart: two panels
+    pair = _canvas(500, 200)
+    _picture(pair, (10, 10, 200, 190), 1)
+    _picture(pair, (300, 10, 490, 190), 2)
+    ink, _ = working_ink(pair)
+    parts, _ = separate_parts(ink, (0, 0, ink.shape[1], ink.shape[0]))
+    assert sorted(parts) == [(10, 10, 200, 190), (300, 10, 490, 190)]
+    panels, owned, notes = own_panels(
+        pair, [PanelCandidate(box=(10.0, 10.0, 490.0, 190.0))], [None], [], named=[]
+    )
+    assert len(panels) == 2 and owned == [None, None] and notes
+
+
+def test_without_labels_a_grid_of_alike_panels_stays_as_segmented() -> None:
+    """Charts in a grid, gutters no wider than the gaps inside a chart: the pieces are alike in
+    size, so they are panels repeated across the figure, not pieces of one diagram."""
+    grid = _canvas(520, 400)
+    boxes = [(10, 10, 250, 190), (270, 10, 510, 190), (10, 210, 250, 390), (270, 210, 510, 390)]
+    for box in boxes:
+        _plot(grid, box)
+    pieces = [PanelCandidate(box=tuple(float(v) for v in b)) for b in boxes]
+    panels, owned, notes = own_panels(grid, pieces, [None] * 4, [], named=[])
+    assert panels == pieces and owned == [None] * 4 and notes == []
+    # pieces of different sizes are not taken as they are: the gutters decide
+    uneven = [PanelCandidate(box=(10.0, 10.0, 250.0, 190.0)), PanelCandidate(box=(270.0, 10.0, 300.0, 40.0))]
+    recut, _, _ = own_panels(grid, uneven, [None, None], [], named=[])
+    assert recut != uneven
+
+
+def test_without_labels_a_picture_stands_apart_from_a_chart_beside_it() -> None:
+    """A micrograph and a chart of different sizes, closer than the gaps inside the chart: the
+    picture is visually separate all the same, so the segmenter's two pieces stand."""
+    figure = _canvas(600, 300)
+    _picture(figure, (10, 10, 170, 170), 3)
+    _plot(figure, (200, 10, 590, 290))
+    pieces = [PanelCandidate(box=(10.0, 10.0, 170.0, 170.0)), PanelCandidate(box=(200.0, 10.0, 590.0, 290.0))]
+    panels, owned, _ = own_panels(figure, pieces, [None, None], [], named=[])
+    assert panels == pieces and owned == [None, None]
