@@ -779,7 +779,9 @@ def test_k8s_embedding_services() -> None:
 def test_k8s_base_leaves_scaling_to_the_overlays() -> None:
     # Autoscalers live in k8s/overlays (tests/test_k8s_autoscaling.py); a replica count in the
     # base would reset theirs on every apply.
-    assert not any(doc["kind"] in {"HorizontalPodAutoscaler", "ScaledObject"} for doc in _kustomized_resources())
+    assert not any(
+        doc["kind"] in {"HorizontalPodAutoscaler", "ScaledObject"} for doc in _kustomized_resources()
+    )
     for name in ("mining-worker", "embedding-worker"):
         assert "replicas" not in _find("Deployment", name)["spec"], name
 
