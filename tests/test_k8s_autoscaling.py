@@ -88,6 +88,20 @@ def test_keda_scales_each_queue_on_the_list_its_workers_consume() -> None:
         assert int(meta["listLength"]) >= 1
 
 
+def test_cpu_triggers_have_requests_to_measure_against() -> None:
+    # KEDA's cpu trigger (utilisation of the request) refuses a target whose containers request
+    # no CPU; the mining worker's one keeps the busy pods that an empty queue would let go.
+    deployments = _deployments("autoscale-keda-gpu")
+    with_cpu = set()
+    for scaled in of_kind(render("autoscale-keda-gpu"), "ScaledObject"):
+        if any(t["type"] == "cpu" for t in scaled["spec"]["triggers"]):
+            target = deployments[autoscaler_target(scaled)[1]]
+            for container in target["spec"]["template"]["spec"]["containers"]:
+                assert container["resources"]["requests"]["cpu"], target["metadata"]["name"]
+            with_cpu.add(target["metadata"]["name"])
+    assert "mining-worker" in with_cpu
+
+
 def test_the_model_server_scales_on_waiting_requests() -> None:
     scaled = named(render("autoscale-keda-gpu"), "ScaledObject", "vllm")
     (trigger,) = scaled["spec"]["triggers"]

@@ -100,6 +100,8 @@ BREAKS: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]],
     "misspelt spec field": (_scaled_object, _set("spec.maxReplicas", 10)),
     "no scale target": (_scaled_object, _set("spec.scaleTargetRef", _DELETE)),
     "no triggers": (_scaled_object, _set("spec.triggers", [])),
+    "cpu trigger without metricType": (_scaled_object, _set("spec.triggers.1.metricType", _DELETE)),
+    "cpu trigger value with a percent sign": (_scaled_object, _set("spec.triggers.1.metadata.value", "150%")),
     "bad select policy": (
         _scaled_object,
         _set("spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown.selectPolicy", "Least"),
