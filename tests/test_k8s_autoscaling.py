@@ -242,6 +242,16 @@ def test_stopping_workers_outlast_their_longest_task(overlay: str) -> None:
     assert checked == expected
 
 
+def test_a_wedged_worker_is_not_given_the_long_grace_period() -> None:
+    # The kubelet stops liveness probes once a pod terminates, so this only shortens the kill of a
+    # worker whose liveness failed; a scale-down or drain still gets the full grace period.
+    for name, deployment in _deployments("autoscale-keda-gpu").items():
+        spec = deployment["spec"]["template"]["spec"]
+        if celery_queues(spec["containers"][0]) and spec["terminationGracePeriodSeconds"] > 600:
+            probe = spec["containers"][0]["livenessProbe"]
+            assert probe["terminationGracePeriodSeconds"] <= 120, name
+
+
 def _pdb_for(docs: tuple[dict[str, Any], ...], labels: dict[str, str]) -> list[dict[str, Any]]:
     return [
         pdb
