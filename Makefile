@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Servers the test suite needs beside the Python packages: Redis (when nothing answers on
-# 127.0.0.1:6379), a docker compose CLI to validate docker-compose.yml (no engine needed), and the
-# Debian Chromium that the viewer tests drive through Playwright (never `playwright install`).
+# 127.0.0.1:6379), a docker compose CLI to validate docker-compose.yml (no engine needed), the
+# Debian Chromium that the viewer tests drive through Playwright (never `playwright install`), and
+# kubectl, whose `kubectl kustomize` renders k8s/ (Debian's kubernetes-client when none is there;
+# the overlays keep to what its older kustomize understands).
 test-deps: install
 	@$(BIN)/python -c "import redis; redis.Redis(host='127.0.0.1', port=6379, socket_connect_timeout=1).ping()" 2>/dev/null \
 		|| command -v redis-server >/dev/null \
@@ -34,6 +36,8 @@ test-deps: install
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
 	@test -x /usr/bin/chromium \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@command -v kubectl >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client; }
 
 test: test-deps
 	$(BIN)/python -m pytest

@@ -24,8 +24,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
-K8S = ROOT / "k8s"
-K8S_GPU = K8S / "gpu"
+K8S = ROOT / "k8s" / "base"
+K8S_GPU = ROOT / "k8s" / "gpu"
 NAMESPACE = "panel2patch"
 
 CELERY_APP = "p2p.apps.worker:celery_app"
@@ -196,8 +196,9 @@ def _k8s_docs(path: Path) -> list[dict[str, Any]]:
 
 
 def _all_k8s_resources() -> list[tuple[Path, dict[str, Any]]]:
-    """Every document in k8s/*.yaml, k8s/optional/*.yaml and k8s/gpu/*.yaml except kustomizations."""
-    files = [*_k8s_files(), *sorted((K8S / "optional").glob("*.yaml")), *sorted(K8S_GPU.glob("*.yaml"))]
+    """Every document in k8s/base/*.yaml and k8s/gpu/*.yaml except kustomizations (the overlays:
+    tests/test_k8s_autoscaling.py)."""
+    files = [*_k8s_files(), *sorted(K8S_GPU.glob("*.yaml"))]
     return [(path, doc) for path in files if path.name != "kustomization.yaml" for doc in _k8s_docs(path)]
 
 
@@ -635,7 +636,6 @@ def test_k8s_expected_objects() -> None:
         ("Service", "ingest"),
         ("Deployment", "ingest-worker"),
         ("Deployment", "mining-worker"),
-        ("HorizontalPodAutoscaler", "mining-worker"),
         ("Deployment", "embedding-api"),
         ("Service", "embedding-api"),
         ("Deployment", "embedding-worker"),
@@ -776,23 +776,14 @@ def test_k8s_embedding_services() -> None:
     assert "--concurrency=1" in worker_argv
 
 
-def test_k8s_mining_worker_autoscaling() -> None:
-    deployment = _find("Deployment", "mining-worker")
-    assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
-    hpa = _find("HorizontalPodAutoscaler", "mining-worker")
-    assert hpa["apiVersion"] == "autoscaling/v2"
-    target = hpa["spec"]["scaleTargetRef"]
-    assert (target["kind"], target["name"]) == ("Deployment", "mining-worker")
-    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
-    metrics = hpa["spec"]["metrics"]
-    assert any(m["type"] == "Resource" and m["resource"]["name"] == "cpu" for m in metrics)
-    assert "KEDA" in (K8S / "mining-worker.yaml").read_text()
-
-    (scaled,) = _k8s_docs(K8S / "optional" / "keda-mining-scaledobject.yaml")
-    assert scaled["kind"] == "ScaledObject" and scaled["apiVersion"].startswith("keda.sh/")
-    assert scaled["spec"]["scaleTargetRef"]["name"] == "mining-worker"
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "redis" and trigger["metadata"]["listName"] == "mining"
+def test_k8s_base_leaves_scaling_to_the_overlays() -> None:
+    # Autoscalers live in k8s/overlays (tests/test_k8s_autoscaling.py); a replica count in the
+    # base would reset theirs on every apply.
+    assert not any(
+        doc["kind"] in {"HorizontalPodAutoscaler", "ScaledObject"} for doc in _kustomized_resources()
+    )
+    for name in ("mining-worker", "embedding-worker"):
+        assert "replicas" not in _find("Deployment", name)["spec"], name
 
 
 def test_k8s_datastores() -> None:
