@@ -29,7 +29,8 @@ Use::
     print(result.median_ratio, result.spread)
 
 A side may return ``(items, extra)`` to keep extra numbers of its slice (latency, errors: they are
-kept per round in ``as_dict()``). ``result.median_ratio`` is product rate ÷ reference rate (above 1:
+kept per round in ``as_dict()``); ``extra["wall_s"]`` / ``extra["cpu_s"]``, when given, replace the
+times measured around the call (for a side that times its own window, after a warm-up). ``result.median_ratio`` is product rate ÷ reference rate (above 1:
 the product does more per second); a benchmark whose target is a cost (time ÷ time) reports
 ``result.median_cost`` = its inverse, per round. Nothing here looks at a clock to decide anything
 but the numbers it reports, so the statistics are unit-tested with fake sides and clocks.
@@ -205,7 +206,11 @@ def measure(
     wall1, cpu1 = wall(), cpu()
     server1 = server_cpu(watched)
     items, extra = out if isinstance(out, tuple) else (out, {})
-    return Slice(float(items), wall1 - wall0, (cpu1 - cpu0) + (server1 - server0), dict(extra))
+    extra = dict(extra)
+    # A side that timed its own window (a load run measures after a warm-up) says so.
+    wall_s = float(extra.pop("wall_s", wall1 - wall0))
+    cpu_s = float(extra.pop("cpu_s", (cpu1 - cpu0) + (server1 - server0)))
+    return Slice(float(items), wall_s, cpu_s, extra)
 
 
 def interleave(

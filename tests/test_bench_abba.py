@@ -113,3 +113,15 @@ def test_parse_lscpu_keeps_model_and_simd_flags() -> None:
     assert cpu["model"] == "AMD EPYC 7B13"
     assert cpu["cpus"] == 2
     assert cpu["simd_flags"] == ["sse4_2", "avx", "avx2", "fma", "avx512f", "amx_tile"]
+
+
+def test_a_side_may_report_its_own_window() -> None:
+    wall, cpu = FakeClock(), FakeClock()
+
+    def warmed_up() -> tuple[int, dict[str, float]]:
+        wall.now += 3.0  # 1 s of warm-up, then the 2-s window the side measured itself
+        return 20, {"wall_s": 2.0, "cpu_s": 1.5, "p50_ms": 7.0}
+
+    result = interleave(warmed_up, warmed_up, rounds=2, wall=wall, cpu=cpu, server_cpu=lambda pids: 0.0)
+    assert result.product[0] == Slice(items=20, wall_s=2.0, cpu_s=1.5, extra={"p50_ms": 7.0})
+    assert result.ratios == [1.0, 1.0]
