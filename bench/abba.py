@@ -30,10 +30,13 @@ Use::
 
 A side may return ``(items, extra)`` to keep extra numbers of its slice (latency, errors: they are
 kept per round in ``as_dict()``); ``extra["wall_s"]`` / ``extra["cpu_s"]``, when given, replace the
-times measured around the call (for a side that times its own window, after a warm-up). ``result.median_ratio`` is product rate ÷ reference rate (above 1:
-the product does more per second); a benchmark whose target is a cost (time ÷ time) reports
-``result.median_cost`` = its inverse, per round. Nothing here looks at a clock to decide anything
-but the numbers it reports, so the statistics are unit-tested with fake sides and clocks.
+times measured around the call (for a side that times its own window, after a warm-up).
+
+``result.median_ratio`` is product rate ÷ reference rate (above 1: the product does more per
+second); a benchmark whose target is a cost (time ÷ time) reports ``result.median_cost``, the
+median of the per-round inverses. ``between(round, side)`` runs before each slice, untimed.
+Nothing here looks at a clock to decide anything but the numbers it reports, so the statistics
+are unit-tested with fake sides and clocks (tests/test_bench_abba.py).
 """
 
 from __future__ import annotations

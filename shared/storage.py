@@ -187,7 +187,8 @@ def _known_payload_client(minio_class: type[Minio]) -> type[Minio]:
                 or creds is None
                 or self._base_url.is_https
             ):
-                return super()._build_headers(host, headers, body, creds)
+                built: tuple[Any, Any] = super()._build_headers(host, headers, body, creds)
+                return built
             self.known_payload.body = None
             out, date = super()._build_headers(host, headers, None, creds)
             out["Content-Length"] = str(len(body))
