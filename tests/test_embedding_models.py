@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -532,58 +531,3 @@ def test_text_padding_is_trimmed_without_changing_the_embedding() -> None:
     with torch.inference_mode():
         full = torch.nn.functional.normalize(model.model.encode_text(tokens).float(), dim=-1).numpy()
     assert np.allclose(model.encode_texts(texts), full, atol=1e-5)
-
-
-class GatedImages:
-    """An image model whose every batch waits for its own release: the test decides which of the
-    running batches ends, and sees each batch's items."""
-
-    dim = 2
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-        self.gates: list[threading.Event] = []
-        self.lock = threading.Lock()
-
-    def encode_texts(self, texts: list[str]) -> np.ndarray:
-        raise AssertionError("no texts here")
-
-    def encode_images(self, items: list[int]) -> np.ndarray:
-        gate = threading.Event()
-        with self.lock:
-            self.batches.append(list(items))
-            self.gates.append(gate)
-        assert gate.wait(timeout=30)
-        return np.array([[float(i), 1.0] for i in items], dtype=np.float32)
-
-
-def test_a_worker_with_a_backlog_fills_its_batch_while_another_batch_runs() -> None:
-    # Two image workers. While one batch runs, the other worker meets queued requests: it waits (up
-    # to wait_ms) for more before running them, since the cores are busy anyway and small batches
-    # cost a small model much more per image. The wait is generous, so the test does not race it.
-    model = GatedImages()
-
-    async def batches_made() -> list[list[int]]:
-        async with MicroBatcher(model, batch_size=8, wait_ms=1000, image_workers=2) as batcher:
-
-            async def until(n: int) -> None:
-                while len(model.batches) < n:
-                    await asyncio.sleep(0.01)
-
-            first = asyncio.ensure_future(batcher.embed_images([1]))
-            await until(1)  # worker A runs [1]
-            second = asyncio.ensure_future(batcher.embed_images([2]))
-            await until(2)  # worker B waited 1 s for company, then runs [2]
-            rest = [asyncio.ensure_future(batcher.embed_images([i])) for i in (3, 4)]
-            await asyncio.sleep(0.05)
-            model.gates[1].set()  # B ends while A still runs; B's backlog is [3, 4]
-            await second
-            await asyncio.sleep(0.05)
-            rest.append(asyncio.ensure_future(batcher.embed_images([5])))
-            await until(3)
-            model.gates[0].set()
-            model.gates[2].set()
-            await asyncio.gather(first, *rest)
-            return model.batches
-
-    assert asyncio.run(batches_made()) == [[1], [2], [3, 4, 5]]

@@ -108,7 +108,6 @@ class _Lane:
     carry: deque[_Segment] = field(default_factory=deque)
     stats: BatchStats = field(default_factory=BatchStats)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    running: int = 0  # batches of this kind on the model right now
 
 
 class MicroBatcher:
@@ -287,12 +286,7 @@ class MicroBatcher:
                 if not request.dead:
                     break
             count += self._take(lane, batch, self.batch_size, request)
-        # With a backlog the model must not idle, so the batch goes at once, unless another batch of
-        # this kind is running: the cores are busy anyway, and a small model costs much more per item
-        # in small batches (the default one: 9.4 ms CPU per image alone, 5.1 in fours, 4.3 in
-        # sixteens), so this batch fills for up to ``wait_ms`` first.
-        fill = not backlog or lane.running > 0
-        deadline = loop.time() + (self.wait_ms / 1000.0 if fill else 0.0)
+        deadline = loop.time() + (0.0 if backlog else self.wait_ms / 1000.0)
         while count < self.batch_size:
             remaining = deadline - loop.time()
             try:
@@ -315,7 +309,6 @@ class MicroBatcher:
             if not batch:
                 continue
             items = [item for s in batch for item in s.request.items[s.start : s.end]]
-            lane.running += 1
             try:
                 vectors = await loop.run_in_executor(self._executor, lane.call, items)
                 vectors = np.asarray(vectors, dtype=np.float32)
@@ -334,8 +327,6 @@ class MicroBatcher:
                 for segment in batch:
                     self._fail(segment.request, exc)
                 continue
-            finally:
-                lane.running -= 1
             lane.stats.batches += 1
             lane.stats.items += len(items)
             lane.stats.max_batch = max(lane.stats.max_batch, len(items))
