@@ -76,7 +76,9 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+from abba import interleave, machine_record
 from boost import autogroup_nice, set_autogroup_nice
+from embed_steps import crops
 from http_load import multipart_request, run_load
 from PIL import Image
 
@@ -733,69 +735,81 @@ class EmbedRig:
 def paired_rounds(
     model: Any, pil: list[Image.Image], rig: EmbedRig, per_request: int, binary: bool
 ) -> dict[str, Any]:
-    """Raw model and service measured in alternating slices (``--rounds`` of each, ``--duration``
-    seconds in all for each), so that a change in the machine's other load hits both alike. The raw
-    model runs in each of ``raw_configs`` per round; the reference is the faster configuration's
-    rate over all rounds, and the ratio is the service's rate over it."""
+    """Service (product) and raw model (reference) in ``--rounds`` A B B A rounds (``abba``), so a
+    change in the machine's other load hits both alike; the ratio is the median of the per-round
+    ratios, with its spread. The raw configuration is chosen first, in one calibration slice of
+    each of ``raw_configs``: the faster is the reference for every round."""
     args, meter = rig.args, rig.meter
     slice_s = args.duration / args.rounds
-    configs = raw_configs(rig.threads)
-    raws: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
-    services = []
-    warmup = args.warmup
-    for _ in range(args.rounds):
-        for workers, each in configs:
-            with meter:
-                raw = raw_side_by_side(model, pil, rig.batch_size, slice_s, workers, each)
-            raw["cpu"] = meter.result
-            raws[(workers, each)].append(raw)
-        if not services:
-            # A slice must be long against the time the model takes to work off what the clients
-            # keep in flight (a big model, 8 images per request: seconds), or the window catches
-            # too few batch completions and the start-up: warm up over one drain, measure over five.
-            fastest = max(runs[0]["images_per_s"] for runs in raws.values())
-            drain = args.clients * per_request / fastest
-            warmup, slice_s = max(args.warmup, 1.5 * drain), max(slice_s, 5 * drain)
-        services.append(
-            service_throughput(
-                rig.server,
-                rig.blobs,
-                args.clients,
-                slice_s,
-                warmup,
-                meter,
-                per_request=per_request,
-                binary=binary,
-            )
+    calibration = {}
+    for workers, each in raw_configs(rig.threads):
+        calibration[(workers, each)] = raw_side_by_side(model, pil, rig.batch_size, slice_s, workers, each)
+    best = max(calibration, key=lambda c: calibration[c]["images_per_s"])
+    # A slice must be long against the time the model takes to work off what the clients keep in
+    # flight (a big model, 8 images per request: seconds), or the window catches too few batch
+    # completions and the start-up: warm up over one drain, measure over five.
+    drain = args.clients * per_request / calibration[best]["images_per_s"]
+    warmup, svc_slice = max(args.warmup, 1.5 * drain), max(slice_s, 5 * drain)
+
+    def reference() -> tuple[int, dict[str, Any]]:
+        raw = raw_side_by_side(model, pil, rig.batch_size, slice_s, *best)
+        return raw["images"], {"wall_s": raw["seconds"]}
+
+    def product() -> tuple[int, dict[str, Any]]:
+        svc = service_throughput(
+            rig.server,
+            rig.blobs,
+            args.clients,
+            svc_slice,
+            warmup,
+            meter,
+            per_request=per_request,
+            binary=binary,
         )
+        cpu = svc["cpu"]
+        return svc["images"], {
+            "wall_s": svc["seconds"],
+            "cpu_s": (cpu["server_cores"] + cpu["bench_process_cores"]) * cpu["wall_s"],
+            "server_cpu_ms_per_image": round(
+                1000 * cpu["server_cores"] * cpu["wall_s"] / max(svc["images"], 1), 3
+            ),
+            "errors": svc["errors"],
+            "first_errors": svc["first_errors"],
+            "p50_ms": svc["latency"]["p50_ms"],
+            "p99_ms": svc["latency"]["p99_ms"],
+            "other_cores": cpu["other_cores"],
+        }
 
-    def rate(runs: list[dict[str, Any]]) -> float:
-        return sum(r["images"] for r in runs) / sum(r["seconds"] for r in runs)
-
-    raw_rates = {f"{w}x{t}": round(rate(runs), 2) for (w, t), runs in raws.items()}
-    best = max(raws, key=lambda c: rate(raws[c]))
-    raw_rate = rate(raws[best])
-    svc_rate = rate(services)
+    server_pid = rig.server.proc.pid if rig.server.proc is not None else None
+    result = interleave(
+        product, reference, rounds=args.rounds, pids=lambda: [server_pid] if server_pid else []
+    )
+    record = result.as_dict()
+    rounds = record["product"]["rounds"]
     return {
         "clients": args.clients,
         "images_per_request": per_request,
         "answer": "application/octet-stream" if binary else "application/json",
-        "service_slice_s": round(slice_s, 2),
+        "service_slice_s": round(svc_slice, 2),
         "service_warmup_s": round(warmup, 2),
-        "raw_rates_by_workers_x_threads": raw_rates,
+        "raw_calibration_by_workers_x_threads": {
+            f"{w}x{t}": r["images_per_s"] for (w, t), r in calibration.items()
+        },
         "raw_reference": f"{best[0]}x{best[1]}",
-        "raw_images_per_s": round(raw_rate, 2),
-        "images_per_s": round(svc_rate, 2),
-        "ratio_over_raw": round(svc_rate / raw_rate, 3),
-        "round_ratios": [
-            round(s["images_per_s"] / r["images_per_s"], 3) for r, s in zip(raws[best], services, strict=True)
-        ],
-        "errors": sum(s["errors"] for s in services),
-        "first_errors": [e for s in services for e in s["first_errors"]][:3],
-        "p50_ms_per_round": [s["latency"]["p50_ms"] for s in services],
-        "p99_ms_per_round": [s["latency"]["p99_ms"] for s in services],
-        "raw_rounds": {f"{w}x{t}": runs for (w, t), runs in raws.items()},
-        "service_rounds": services,
+        "raw_images_per_s": record["reference"]["items_per_s"],
+        "images_per_s": record["product"]["items_per_s"],
+        "ratio_over_raw": round(result.median_ratio, 3),
+        "ratio_spread": record["ratio_product_over_reference"],
+        "round_ratios": record["round_ratios"],
+        "cpu_ms_per_image": {
+            "service_server_and_client": round(1000 * record["product"]["cpu_s_per_item"], 3),
+            "raw": round(1000 * record["reference"]["cpu_s_per_item"], 3),
+        },
+        "errors": sum(r["errors"] for r in rounds),
+        "first_errors": [e for r in rounds for e in r["first_errors"]][:3],
+        "p50_ms_per_round": [r["p50_ms"] for r in rounds],
+        "p99_ms_per_round": [r["p99_ms"] for r in rounds],
+        "abba": record,
     }
 
 
@@ -829,8 +843,9 @@ def embed_scenario(name: str, model: Any, rig: EmbedRig) -> dict[str, Any]:
         pair = paired_rounds(model, pil, rig, per_request, binary)
         pair["ratio_over_raw_prepared"] = round(pair["images_per_s"] / raw_prep["images_per_s"], 3)
         log(
-            f"{name}: service {pair['images_per_s']} images/s, raw {pair['raw_rates_by_workers_x_threads']} "
-            f"(ratio {pair['ratio_over_raw']}, rounds {pair['round_ratios']}), errors {pair['errors']}"
+            f"{name}: service {pair['images_per_s']} images/s, raw {pair['raw_images_per_s']} "
+            f"({pair['raw_reference']}), median ratio {pair['ratio_over_raw']}, rounds "
+            f"{pair['round_ratios']}, CPU ms/image {pair['cpu_ms_per_image']}, errors {pair['errors']}"
         )
         services.append(pair)
     svc = services[0]  # one image per request, JSON: the headline number
@@ -1028,6 +1043,11 @@ def main() -> int:
         default=None,
         help="the server's embedding.image_workers (default: the settings' default)",
     )
+    parser.add_argument(
+        "--embed-only",
+        action="store_true",
+        help="only the embedding throughput (synthetic crops, no corpus, search or re-index)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "embed.json")
     args = parser.parse_args()
 
@@ -1067,30 +1087,38 @@ def main() -> int:
         server: ServerProcess | None = None
         meter = CpuMeter(data_dir / "pg", None)
         try:
-            report["machine"] = machine()
+            report["machine"] = {**machine(), **machine_record()}
             report["settings"] = settings.embedding.model_dump()
             report["server_image_workers"] = args.image_workers or settings.embedding.image_workers
             threads = settings.embedding.torch_threads
             batch_size = settings.embedding.batch_size
 
-            log(f"corpus: {args.figures} synthetic figures, ingest + mine")
-            report["corpus"] = build_corpus(runtime, tmp / "synth", args.figures)
-            log(f"corpus: {report['corpus']}")
+            if args.embed_only:
+                model = load_model(default_spec(), store=runtime.store, threads=threads)
+                blobs = crops(args.images)
+                report["images"] = {"count": len(blobs), "mean_bytes": int(np.mean([len(b) for b in blobs]))}
+            else:
+                log(f"corpus: {args.figures} synthetic figures, ingest + mine")
+                report["corpus"] = build_corpus(runtime, tmp / "synth", args.figures)
+                log(f"corpus: {report['corpus']}")
 
-            log("re-index (idle): the default model")
-            v1, reindex_v1 = register_and_reindex(runtime, default_spec(), "bench-1")
-            with meter:
-                progress = reindex_v1()
-            report["reindex_idle"] = {**reindex_numbers(progress, level_counts(runtime)), "cpu": meter.result}
-            log(f"re-index (idle): {report['reindex_idle']}")
+                log("re-index (idle): the default model")
+                v1, reindex_v1 = register_and_reindex(runtime, default_spec(), "bench-1")
+                with meter:
+                    progress = reindex_v1()
+                report["reindex_idle"] = {
+                    **reindex_numbers(progress, level_counts(runtime)),
+                    "cpu": meter.result,
+                }
+                log(f"re-index (idle): {report['reindex_idle']}")
 
-            model = load_model(default_spec(), store=runtime.store, threads=threads)
-            blobs = crop_images(runtime, args.images)
-            report["images"] = {"count": len(blobs), "mean_bytes": int(np.mean([len(b) for b in blobs]))}
+                model = load_model(default_spec(), store=runtime.store, threads=threads)
+                blobs = crop_images(runtime, args.images)
+                report["images"] = {"count": len(blobs), "mean_bytes": int(np.mean([len(b) for b in blobs]))}
 
-            log(f"scale: {args.panels} panels and vectors")
-            report["scale"] = load_scale(runtime, model, v1, args.panels, args.chunk)
-            log(f"scale: {report['scale']}")
+                log(f"scale: {args.panels} panels and vectors")
+                report["scale"] = load_scale(runtime, model, v1, args.panels, args.chunk)
+                log(f"scale: {report['scale']}")
 
             server = ServerProcess(env, tmp / "server.log")
             meter = CpuMeter(data_dir / "pg", server)
@@ -1102,44 +1130,47 @@ def main() -> int:
             ]
             report["embed"][0]["spec"] = "p2p-minilm-vit (custom: 4-layer 256-wide ViT-B/32-style, random)"
 
-            qrng = np.random.default_rng(SEED + 1)
-            queries = phrases(qrng, args.queries, QUERY_TEMPLATES)
-            log(
-                f"search: {len(queries)} text queries through the app at {report['scale']['panels_in_index']}"
-            )
-            app = search_through_app(server, queries, meter)
-            breakdown = search_breakdown(runtime, model, v1, queries)
-            report["search"] = {
-                "panels": report["scale"]["panels_in_index"],
-                "app": app,
-                "breakdown": breakdown,
-                "rest_p50_ms": round(
-                    app["p50_ms"]
-                    - breakdown["text_embedding"]["p50_ms"]
-                    - breakdown["vectors_search"]["p50_ms"],
-                    2,
-                ),
-                "target": "p50 <= 50 ms",
-                "met": app["p50_ms"] is not None and app["p50_ms"] <= 50,
-            }
-            log(f"search: app {app['p50_ms']}/{app['p99_ms']} ms; breakdown {breakdown}")
+            if not args.embed_only:
+                qrng = np.random.default_rng(SEED + 1)
+                queries = phrases(qrng, args.queries, QUERY_TEMPLATES)
+                log(
+                    f"search: {len(queries)} text queries through the app at "
+                    f"{report['scale']['panels_in_index']}"
+                )
+                app = search_through_app(server, queries, meter)
+                breakdown = search_breakdown(runtime, model, v1, queries)
+                report["search"] = {
+                    "panels": report["scale"]["panels_in_index"],
+                    "app": app,
+                    "breakdown": breakdown,
+                    "rest_p50_ms": round(
+                        app["p50_ms"]
+                        - breakdown["text_embedding"]["p50_ms"]
+                        - breakdown["vectors_search"]["p50_ms"],
+                        2,
+                    ),
+                    "target": "p50 <= 50 ms",
+                    "met": app["p50_ms"] is not None and app["p50_ms"] <= 50,
+                }
+                log(f"search: app {app['p50_ms']}/{app['p99_ms']} ms; breakdown {breakdown}")
 
-            log("re-index under search load: a second version of the default model")
-            _v2, reindex_v2 = register_and_reindex(runtime, default_spec(), "bench-2")
-            under = search_during(server, queries, reindex_v2, after_s=8.0, meter=meter)
-            progress = under.pop("work")
-            under["reindex"] = reindex_numbers(progress, level_counts(runtime))
-            base = report["search"]["app"]
-            d = under["during_reindex"]
-            under["p50_ratio_vs_idle"] = round(d["p50_ms"] / base["p50_ms"], 2) if d["n"] else None
-            under["p99_ratio_vs_idle"] = round(d["p99_ms"] / base["p99_ms"], 2) if d["n"] else None
-            under["reindex_slowdown_vs_idle"] = round(
-                report["reindex_idle"]["items_per_s"] / under["reindex"]["items_per_s"], 2
-            )
-            under["target"] = "0 errors"
-            under["met"] = under["errors"] == 0
-            report["reindex_under_search"] = under
-            log(f"re-index under load: {under}")
+            if not args.embed_only:
+                log("re-index under search load: a second version of the default model")
+                _v2, reindex_v2 = register_and_reindex(runtime, default_spec(), "bench-2")
+                under = search_during(server, queries, reindex_v2, after_s=8.0, meter=meter)
+                progress = under.pop("work")
+                under["reindex"] = reindex_numbers(progress, level_counts(runtime))
+                base = report["search"]["app"]
+                d = under["during_reindex"]
+                under["p50_ratio_vs_idle"] = round(d["p50_ms"] / base["p50_ms"], 2) if d["n"] else None
+                under["p99_ratio_vs_idle"] = round(d["p99_ms"] / base["p99_ms"], 2) if d["n"] else None
+                under["reindex_slowdown_vs_idle"] = round(
+                    report["reindex_idle"]["items_per_s"] / under["reindex"]["items_per_s"], 2
+                )
+                under["target"] = "0 errors"
+                under["met"] = under["errors"] == 0
+                report["reindex_under_search"] = under
+                log(f"re-index under load: {under}")
             server.stop()
             del model
 
@@ -1183,7 +1214,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     log(f"wrote {args.out}")
-    summary = {
+    summary: dict[str, Any] = {
         "embed": [
             (
                 e["model"],
@@ -1201,10 +1232,11 @@ def main() -> int:
             )
             for e in report["embed"]
         ],
-        "search_app_p50_p99": (report["search"]["app"]["p50_ms"], report["search"]["app"]["p99_ms"]),
-        "reindex_panels_per_s": report["reindex_idle"]["panels_per_s"],
-        "reindex_errors": report["reindex_under_search"]["errors"],
     }
+    if not args.embed_only:
+        summary["search_app_p50_p99"] = (report["search"]["app"]["p50_ms"], report["search"]["app"]["p99_ms"])
+        summary["reindex_panels_per_s"] = report["reindex_idle"]["panels_per_s"]
+        summary["reindex_errors"] = report["reindex_under_search"]["errors"]
     print(json.dumps(summary, indent=1))
     return 0
 

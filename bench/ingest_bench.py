@@ -62,6 +62,7 @@ from typing import Any
 
 import httpx
 import psutil
+from abba import interleave, machine_record, summary_line
 from fastapi import Request  # module level: the bare app's annotations resolve against these globals
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -818,6 +819,132 @@ def scenario_servers(
         server.stop()
 
 
+# --- A B B A: every server up at once, product and bare endpoint interleaved ---------------------
+
+
+def _abba_side(
+    name: str,
+    url: str,
+    factory: FigureFactory,
+    args: argparse.Namespace,
+    groups: list[ProcessGroup],
+    **kw: Any,
+) -> Callable[[], tuple[int, dict[str, Any]]]:
+    """One load run as an ``abba`` side: its figures, its own wall time (after its warm-up) and the
+    CPU of the processes it loaded (server, PostgreSQL, SeaweedFS) plus the client's."""
+
+    def side() -> tuple[int, dict[str, Any]]:
+        figures = args.figures * (args.bare_factor if name == "bare" else 1)
+        summary = run_load(
+            name,
+            url,
+            factory,
+            figures=figures,
+            clients=args.clients,
+            warmup=args.warmup,
+            groups=groups,
+            client_kind=args.client_kinds[0],
+            **kw,
+        ).summary()
+        cpu_ms = sum(v for k, v in summary.items() if k.endswith("_cpu_ms_per_figure"))
+        return figures, {
+            "wall_s": summary["wall_s"],
+            "cpu_s": cpu_ms * figures / 1000,
+            "server_cpu_ms_per_figure": summary["server_cpu_ms_per_figure"],
+            "p50_ms": summary["latency_ms"]["p50"],
+            "errors": summary["errors"],
+            "other_cores": summary["machine"]["other_processes_cores"],
+        }
+
+    return side
+
+
+def _abba_embedded(
+    workdir: Path, factory: FigureFactory, args: argparse.Namespace, servers: list[ServerProcess]
+) -> Callable[[], tuple[int, dict[str, Any]]]:
+    data = scratch_dir("p2p-bench-embedded-")
+    server = ingest_server(
+        "embedded", free_port(), workdir, {"P2P_DATA_DIR": str(data), **embedded_queue_env()}
+    )
+    server.pgdata = data / "pg"
+    servers.append(server)
+    server.start("/readyz")
+    assert server.proc is not None
+    groups = [ProcessGroup("server", server.proc.pid)]
+    pid = postmaster_pid(server.pgdata)
+    if pid is not None:
+        groups.append(ProcessGroup("postgres", pid))
+    return _abba_side("embedded", server.base_url + "/v1/figures", factory, args, groups, expect=202)
+
+
+def _abba_production(
+    workdir: Path,
+    factory: FigureFactory,
+    args: argparse.Namespace,
+    servers: list[ServerProcess],
+    backends: Backends,
+) -> Callable[[], tuple[int, dict[str, Any]]]:
+    env = backends.env()
+    p2p_cli(["db", "upgrade"], env)
+    token = p2p_cli(["keys", "create", "--name", "bench", "--scope", "ingest"], env).splitlines()[-1].strip()
+    server = ingest_server("servers", free_port(), workdir, env)
+    servers.append(server)
+    server.start("/readyz")
+    assert server.proc is not None
+    groups = [ProcessGroup("server", server.proc.pid)]
+    pid = postmaster_pid(Path(backends.pg.embedded.data_dir)) if backends.pg.embedded else None
+    if pid is not None:
+        groups.append(ProcessGroup("postgres", pid))
+    if backends.s3.process is not None:
+        groups.append(ProcessGroup("s3", backends.s3.process.pid))
+    auth = {"Authorization": f"Bearer {token}"}
+    return _abba_side(
+        "servers", server.base_url + "/v1/figures", factory, args, groups, expect=202, headers=auth
+    )
+
+
+def scenario_abba(workdir: Path, factory: FigureFactory, args: argparse.Namespace) -> dict[str, Any]:
+    """The bare endpoint, the embedded server and the production one run side by side; each ingest
+    server is interleaved with the bare endpoint A B B A over ``--abba`` rounds. The cost is the
+    median over rounds of bare figures/s ÷ ingest figures/s."""
+
+    out: dict[str, Any] = {"machine": machine_record(), "client": args.client_kinds[0], "rounds": args.abba}
+    bare = bare_server(free_port(), workdir)
+    backends: Backends | None = None
+    servers: list[ServerProcess] = [bare]
+    try:
+        bare.start("/healthz")
+        assert bare.proc is not None
+        bare_groups = [ProcessGroup("server", bare.proc.pid)]
+        reference = _abba_side("bare", bare.base_url + "/body", factory, args, bare_groups, expect=200)
+        products = {"embedded": _abba_embedded(workdir, factory, args, servers)}
+        if not args.skip_servers:
+            backends = start_backends(workdir / "backends")
+            products["servers"] = _abba_production(workdir, factory, args, servers, backends)
+        for name, product in products.items():
+            log(f"abba: {name} against the bare endpoint, {args.abba} rounds")
+            result = interleave(product, reference, rounds=args.abba)
+            record = result.as_dict()
+            record["target"] = f"cost <= {TARGET_COST_RATIO}"
+            record["met"] = result.median_cost <= TARGET_COST_RATIO
+            out[name] = record
+            log(summary_line(name, result, cost=True))
+        return out
+    finally:
+        for server in servers:
+            server.stop()
+        if backends is not None:
+            backends.stop()
+
+
+def abba_only(report: dict[str, Any], workdir: Path, factory: FigureFactory, args: argparse.Namespace) -> int:
+    report["abba"] = scenario_abba(workdir, factory, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
 # --- stages ----------------------------------------------------------------------------------
 
 
@@ -1480,6 +1607,20 @@ def markdown_report(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def print_verdicts(results: Results, report: dict[str, Any]) -> None:
+    for kind, by_name in results.items():
+        print_table(kind, by_name, report["ratios"][kind])
+        for name in ("embedded", "servers"):
+            if name in report["ratios"][kind]:
+                r = report["ratios"][kind][name]
+                verdict = "meets" if r["meets_3x_target"] else "MISSES"
+                print(
+                    f"  {name}: costs {r['cost_x_bare_throughput']}x the bare endpoint in figures/s "
+                    f"(p50 {r['p50_x_bare']}x, server CPU {r['server_cpu_x_bare']}x): "
+                    f"{verdict} the 3x target"
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1503,6 +1644,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-batch", action="store_true", help="no batch memory scenario")
     parser.add_argument(
         "--markdown", type=Path, default=None, metavar="JSON", help="print a results file as Markdown"
+    )
+    parser.add_argument(
+        "--abba",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="only the A B B A comparison: every server up at once, each ingest server interleaved "
+        "with the bare endpoint over ROUNDS rounds (bench/abba.py); use with --client httpx",
     )
     parser.add_argument("--serve-bare", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1550,6 +1699,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  {len(factory.bases)} base JPEGs of {factory.size[0]}x{factory.size[1]}, "
             f"~{factory.mean_bytes} bytes each"
         )
+        if args.abba:
+            return abba_only(report, workdir, factory, args)
         scenario_bare(results, workdir, factory, args, "bare")
         scenario_embedded(results, workdir, factory, args)
         stage_report: dict[str, Any] = {}
@@ -1596,17 +1747,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_batch:
             report["batch_memory"] = scenario_batch_memory(workdir, factory, args)
         report["wall_s"] = round(time.monotonic() - started, 1)
-        for kind, by_name in results.items():
-            print_table(kind, by_name, report["ratios"][kind])
-            for name in ("embedded", "servers"):
-                if name in report["ratios"][kind]:
-                    r = report["ratios"][kind][name]
-                    verdict = "meets" if r["meets_3x_target"] else "MISSES"
-                    print(
-                        f"  {name}: costs {r['cost_x_bare_throughput']}x the bare endpoint in figures/s "
-                        f"(p50 {r['p50_x_bare']}x, server CPU {r['server_cpu_x_bare']}x): "
-                        f"{verdict} the 3x target"
-                    )
+        print_verdicts(results, report)
         print()
         if "batch_memory" in report:
             b = report["batch_memory"]

@@ -77,6 +77,44 @@ def speed(folder: Path, processes: int) -> dict[str, Any]:
     }
 
 
+def speed_abba(folder: Path, rounds: int) -> dict[str, Any]:
+    """Worker set-up scaling: all cores' processes (product) against one process (reference), A B B A
+    (``abba``), each slice's rate over the workers' own mining time (model loading left out); the
+    ratio says how much a second worker adds on this machine. Absolute figures/s are per machine:
+    they are recorded with the CPU model and SIMD flags."""
+    from abba import interleave, machine_record
+
+    cores = os.cpu_count() or 1
+
+    def side(processes: int) -> Any:
+        def run() -> tuple[int, dict[str, Any]]:
+            out = speed(folder, processes)
+            return out["figures"], {
+                "wall_s": out["figures"] / out["figures_per_s"],
+                "cpu_s": out["figures"] / out["figures_per_cpu_s"],
+                "processes": processes,
+            }
+
+        return run
+
+    result = interleave(side(cores), side(1), rounds=rounds)
+    record = result.as_dict()
+    return {
+        "processes": cores,
+        "figures_per_s": {
+            "one": record["reference"]["items_per_s"],
+            "all_cores": record["product"]["items_per_s"],
+        },
+        "figures_per_cpu_s": {
+            "one": 1 / record["reference"]["cpu_s_per_item"],
+            "all_cores": 1 / record["product"]["cpu_s_per_item"],
+        },
+        "scaling": result.median_ratio,
+        "abba": record,
+        "machine": machine_record(),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -86,6 +124,13 @@ def main() -> int:
     parser.add_argument("--synthetic", type=int, default=200, help="synthetic figures to generate and score")
     parser.add_argument("--seed", type=int, default=424242, help="a seed never used in development")
     parser.add_argument("--speed-figures", type=int, default=120)
+    parser.add_argument(
+        "--speed-only",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="only the speed part, A B B A over ROUNDS rounds",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mining.json")
     args = parser.parse_args()
 
@@ -102,6 +147,8 @@ def main() -> int:
             "platform": platform.platform(),
         },
     }
+    if args.speed_only:
+        return speed_only(args, report)
     miner = cpu_miner()
     if (args.real / "annotations.json").is_file():
         report["real"] = {
@@ -128,6 +175,24 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+    return 0
+
+
+def speed_only(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    from p2p.mining.lab.synth import write_dataset
+
+    with tempfile.TemporaryDirectory(prefix="p2p-synth-bench-") as tmp:
+        fast = Path(tmp) / "speed"
+        write_dataset(fast, args.speed_figures, args.seed + 1)
+        report["speed_abba"] = speed_abba(fast, args.speed_only)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    r = report["speed_abba"]
+    print(
+        json.dumps(
+            {k: r[k] for k in ("processes", "figures_per_s", "figures_per_cpu_s", "scaling")}, indent=1
+        )
+    )
     return 0
 
 

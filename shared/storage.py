@@ -1,7 +1,8 @@
 """Object storage behind one interface: a local folder (embedded profile) or an S3 server.
 
 Writes are verified: the store hashes the bytes it actually writes and refuses (and removes)
-an object whose sha256 differs from the one the caller computed beforehand.
+an object whose sha256 differs from the one the caller computed beforehand (S3 refuses it before
+sending anything, and checks the server's ETag against the MD5 of what it sent).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import hashlib
 import io
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 CHUNK = 1024 * 1024
 
@@ -158,24 +160,42 @@ class LocalObjectStore:
             raise StorageError(f"{self.root} is not writable")
 
 
-class _HashingReader(io.RawIOBase):
-    """Feeds the S3 client while hashing what it sends."""
+def _read_body(stream: BinaryIO, size: int) -> bytes:
+    """The object's bytes, one read (a spooled upload is in memory already). One byte more than
+    ``size`` is asked for, so a stream longer than announced is caught."""
+    return stream.read(size + 1)
 
-    def __init__(self, stream: BinaryIO) -> None:
-        self._stream = stream
-        self.sha256 = hashlib.sha256()
-        self.md5 = hashlib.md5(usedforsecurity=False)
-        self.count = 0
 
-    def readable(self) -> bool:
-        return True
+def _known_payload_client(minio_class: type[Minio]) -> type[Minio]:
+    """A Minio client class that signs a body whose sha256 the store has just computed without
+    hashing it again (over plain HTTP, SigV4 signs the payload's sha256: minio would otherwise
+    hash every body a second time). The hash is handed over per thread, for one request."""
 
-    def read(self, size: int = -1) -> bytes:
-        chunk = self._stream.read(size)
-        self.sha256.update(chunk)
-        self.md5.update(chunk)
-        self.count += len(chunk)
-        return chunk
+    class KnownPayloadMinio(minio_class):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.known_payload = threading.local()
+
+        def _build_headers(
+            self, host: str, headers: Any = None, body: bytes | None = None, creds: Any = None
+        ) -> tuple[Any, Any]:
+            known = getattr(self.known_payload, "body", None)
+            if (
+                known is None
+                or body is None
+                or len(body) != known[0]
+                or creds is None
+                or self._base_url.is_https
+            ):
+                built: tuple[Any, Any] = super()._build_headers(host, headers, body, creds)
+                return built
+            self.known_payload.body = None
+            out, date = super()._build_headers(host, headers, None, creds)
+            out["Content-Length"] = str(len(body))
+            out["x-amz-content-sha256"] = known[1]
+            return out, date
+
+    return KnownPayloadMinio
 
 
 if TYPE_CHECKING:
@@ -196,7 +216,12 @@ class S3ObjectStore:
         from minio import Minio  # lazy (~0.2 s): the local-folder profile never needs it
 
         self._new_client: Callable[[], Minio] = functools.partial(
-            Minio, endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region
+            _known_payload_client(Minio),
+            endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            secure=secure,
+            region=region,
         )
         self._client = self._new_client()
         self._client_pid = os.getpid()
@@ -218,27 +243,41 @@ class S3ObjectStore:
             self.client.make_bucket(self.bucket)
 
     def put(self, key: str, stream: BinaryIO, *, size: int, sha256: str, content_type: str) -> None:
+        """One PUT of the whole body, hashed once here: a body that is not what the caller hashed is
+        refused before anything is sent; the sha256 also signs the request (the client does not hash
+        it again), and the MD5 is checked against the ETag the server computed from what it stored."""
         from minio.error import S3Error
 
         key = validate_key(key)
-        reader = _HashingReader(stream)
-        # A single PUT (part size above the object size) so the ETag is the MD5 of the body.
-        result = self.client.put_object(
-            self.bucket,
-            key,
-            reader,  # type: ignore[arg-type]
-            length=size,
-            content_type=content_type,
-            part_size=max(size, 5 * CHUNK),
-            metadata={"x-amz-meta-sha256": sha256},
-        )
-        etag = (result.etag or "").strip('"')
-        if reader.count != size or reader.sha256.hexdigest() != sha256 or etag != reader.md5.hexdigest():
-            with contextlib.suppress(S3Error):
-                self.client.remove_object(self.bucket, key)
+        body = _read_body(stream, size)
+        sent_sha = hashlib.sha256(body).hexdigest()
+        if len(body) != size or sent_sha != sha256:
             raise ChecksumMismatch(
-                f"object {key}: sent {reader.count} bytes (sha256 {reader.sha256.hexdigest()}, etag {etag}), "
-                f"expected {size} bytes with sha256 {sha256}"
+                f"object {key}: read {len(body)} bytes (sha256 {sent_sha}), expected {size} bytes with "
+                f"sha256 {sha256}; nothing was stored"
+            )
+        md5 = hashlib.md5(body, usedforsecurity=False).hexdigest()
+        client = self.client
+        client.known_payload.body = (len(body), sent_sha)  # type: ignore[attr-defined]
+        try:
+            # A single PUT (part size above the object size) so the ETag is the MD5 of the body.
+            result = client.put_object(
+                self.bucket,
+                key,
+                io.BytesIO(body),
+                length=size,
+                content_type=content_type,
+                part_size=max(size, 5 * CHUNK),
+                metadata={"x-amz-meta-sha256": sha256},
+            )
+        finally:
+            client.known_payload.body = None  # type: ignore[attr-defined]
+        etag = (result.etag or "").strip('"')
+        if etag != md5:
+            with contextlib.suppress(S3Error):
+                client.remove_object(self.bucket, key)
+            raise ChecksumMismatch(
+                f"object {key}: the server stored ETag {etag}, the body sent has MD5 {md5}"
             )
 
     def exists(self, key: str) -> bool:

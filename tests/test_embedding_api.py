@@ -534,3 +534,40 @@ def test_crops_on_s3_redirect_to_a_presigned_url(make_runtime: RuntimeFactory) -
         response = client.get(f"/v1/crops/{key}", follow_redirects=False)
         assert response.status_code == 307, response.text
         assert key in response.headers["location"] and "X-Amz-Signature" in response.headers["location"]
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_a_bad_image_among_good_ones_is_named_and_refuses_the_batch(make_runtime: RuntimeFactory) -> None:
+    # The uploads of a request are decoded together, in one hand-off: the refusal must still say
+    # which upload is bad, whichever its place.
+    runtime = make_runtime()
+    with TestClient(create_app(runtime=runtime)) as client:
+        files = [
+            ("files", ("first.png", png(), "image/png")),
+            ("files", ("second.png", b"\x89PNG\r\n\x1a\n not really", "image/png")),
+            ("files", ("third.png", png(seed=3), "image/png")),
+        ]
+        response = client.post("/v1/embed/images", files=files)
+        assert response.status_code == 422, response.text
+        message = response.json()["error"]["message"]
+        assert "second.png" in message and "first.png" not in message and "third.png" not in message
+
+
+def test_json_answer_is_what_pydantic_writes_for_the_schema() -> None:
+    import numpy as np
+
+    from p2p.embedding_api.routes.embed import json_answer
+    from p2p.embedding_api.schemas import EmbeddingPublic, EmbedPublic, ModelRef
+
+    vectors = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    vectors[1, 2] = np.nan  # never from a model, but the answer must stay valid JSON as before
+    ref = ModelRef(version_id=uuid.uuid4(), name="m", version="v1", dim=8, space="default")
+    sources = ["file:a.png", 'file:é "quoted".png', "panel:x"]
+    expected = EmbedPublic(
+        model=ref,
+        dim=8,
+        items=[
+            EmbeddingPublic(source=s, embedding=v.tolist()) for s, v in zip(sources, vectors, strict=True)
+        ],
+    ).model_dump_json()
+    assert json_answer(vectors, sources, ref_json=ref.model_dump_json().encode()) == expected.encode()

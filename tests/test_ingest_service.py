@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import io
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO
 
 import numpy as np
 import pytest
 from PIL import Image
+from sqlalchemy import event
 
 from p2p.ingest.service import ingest_figure
 from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from p2p.shared.images import digest_stream, inspect_image
 from p2p.shared.runtime import Runtime
 from p2p.shared.schemas import ArticleIn, FigureMetadata
+from p2p.shared.storage import StorageError
 from tests.helpers import image_bytes, object_count, row_counts
 
 
-def _ingest(runtime: Runtime, data: bytes, caption: str, metadata: FigureMetadata | None = None):  # type: ignore[no-untyped-def]
+def _ingest(
+    runtime: Runtime, data: bytes, caption: str, metadata: FigureMetadata | None = None, record: Any = None
+):  # type: ignore[no-untyped-def]
     with runtime.session() as session:
         return ingest_figure(
             session=session,
@@ -28,6 +34,7 @@ def _ingest(runtime: Runtime, data: bytes, caption: str, metadata: FigureMetadat
             caption=caption,
             metadata=metadata or FigureMetadata(),
             source="test",
+            record=record,
         )
 
 
@@ -41,6 +48,72 @@ def test_concurrent_identical_uploads_make_one_figure(runtime: Runtime) -> None:
     assert len({o.job.id for o in outcomes}) == 1
     assert sum(not o.duplicate for o in outcomes) == 1
     assert row_counts(runtime.engine) == {"figure": 1, "article": 1, "job": 1, "batch": 0}
+    assert object_count(runtime.store) == 1
+
+
+class UploadWhenRowSent:
+    """A store whose put waits until the figure's INSERT has reached the database (so the test fails
+    if the upload and the row write do not overlap), looks from a second session, then fails or
+    stores as told."""
+
+    def __init__(self, runtime: Runtime, *, fail: bool) -> None:
+        self.inner, self.runtime, self.fail = runtime.store, runtime, fail
+        self.row_sent = threading.Event()
+        self.seen_by_reader: int | None = None
+
+        @event.listens_for(runtime.engine, "after_cursor_execute")
+        def sent(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if statement.lstrip().upper().startswith("INSERT INTO FIGURE"):
+                self.row_sent.set()
+
+    def put(self, key: str, stream: BinaryIO, **kwargs: Any) -> None:
+        assert self.row_sent.wait(timeout=30), "the upload ran alone, not beside the row write"
+        self.seen_by_reader = row_counts(self.runtime.engine)["figure"]
+        if self.fail:
+            raise StorageError("the object store refused the upload")
+        self.inner.put(key, stream, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+@pytest.mark.parametrize("fail", [True, False])
+def test_upload_and_row_write_overlap_and_readers_never_see_a_row_before_its_object(
+    runtime: Runtime, fail: bool
+) -> None:
+    store = UploadWhenRowSent(runtime, fail=fail)
+    runtime.store = store  # type: ignore[assignment]
+    data = image_bytes("PNG", (300, 200), seed=91)
+    if fail:
+        with pytest.raises(StorageError):
+            _ingest(runtime, data, "a caption")
+        assert row_counts(runtime.engine) == {"figure": 0, "article": 0, "job": 0, "batch": 0}
+        assert object_count(store.inner) == 0
+    else:
+        outcome = _ingest(runtime, data, "a caption")
+        assert not outcome.duplicate
+        assert row_counts(runtime.engine)["figure"] == 1
+        assert store.inner.get_bytes(outcome.figure.object_key) == data
+    assert store.seen_by_reader == 0  # the row was sent, not committed, while the upload ran
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_a_failed_row_write_waits_for_the_upload_and_a_retry_stores_the_figure(runtime: Runtime) -> None:
+    data = image_bytes("PNG", (300, 200), seed=92)
+
+    def broken_record(session: Any, figure: Any, duplicate: bool) -> None:
+        raise RuntimeError("the batch item could not be written")
+
+    with pytest.raises(RuntimeError):
+        _ingest(runtime, data, "c", record=broken_record)
+    # No row; the upload had finished before the error was raised (the stream was not read after
+    # the caller got it back). The object it left is content-addressed: no row points at it, and
+    # the retry writes the same key.
+    assert row_counts(runtime.engine) == {"figure": 0, "article": 0, "job": 0, "batch": 0}
+    assert object_count(runtime.store) == 1
+    outcome = _ingest(runtime, data, "c")
+    assert not outcome.duplicate and runtime.store.get_bytes(outcome.figure.object_key) == data
     assert object_count(runtime.store) == 1
 
 

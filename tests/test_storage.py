@@ -110,3 +110,43 @@ def test_a_forked_process_reads_s3_through_a_client_of_its_own(s3_store: S3Objec
     assert own_client
     assert data == b"parent and child"
     assert s3_store.get_bytes("fork/a.txt") == b"parent and child"
+
+
+def test_s3_put_hashes_the_body_once_and_the_server_keeps_it(
+    s3_store: S3ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store hashes the body itself (to refuse a stream that is not what the caller hashed) and
+    # signs the request with that hash: the S3 client must not hash the megabyte again.
+    import minio.api
+
+    hashed: list[int] = []
+    real = minio.api.sha256_hash
+
+    def counting(data: str | bytes | None) -> str:
+        hashed.append(len(data or b""))
+        return real(data)
+
+    monkeypatch.setattr(minio.api, "sha256_hash", counting)
+    data = bytes(range(256)) * 4096
+    key = content_key(hashlib.sha256(data).hexdigest(), "bin")
+    _put(s3_store, key, data)
+    assert s3_store.get_bytes(key) == data
+    assert not [n for n in hashed if n >= len(data)]
+    # A second put of other bytes of the same length is not signed with the first one's hash.
+    other = bytes(reversed(data))
+    other_key = content_key(hashlib.sha256(other).hexdigest(), "bin")
+    _put(s3_store, other_key, other)
+    assert s3_store.get_bytes(other_key) == other
+
+
+def test_s3_put_of_a_stream_longer_than_announced_stores_nothing(s3_store: S3ObjectStore) -> None:
+    data = b"0123456789" * 100
+    with pytest.raises(ChecksumMismatch):
+        s3_store.put(
+            "bad/long",
+            io.BytesIO(data + b"extra"),
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            content_type="application/octet-stream",
+        )
+    assert not s3_store.exists("bad/long")

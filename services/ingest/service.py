@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 from p2p.shared.db.base import new_id, utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
 from p2p.shared.errors import InvalidInput, broker_unavailable
-from p2p.shared.images import digest_stream, inspect_image
+from p2p.shared.images import ImageInfo, digest_stream, inspect_image
 from p2p.shared.jobs import MINING
 from p2p.shared.licenses import license_group, normalize_license
 from p2p.shared.queue import MINE_FIGURE_TASK, TaskDispatcher, mining_queue
@@ -114,17 +115,97 @@ def ingest_figure(
 
     key = content_key(digest.sha256, info.extension)
     # Content-addressed: writing the same bytes to the same key again is harmless, so no HEAD first.
-    store.put(key, image, size=digest.size, sha256=digest.sha256, content_type=info.content_type)
+    # The upload runs beside the figure's INSERT; the commit waits for it, so no reader ever sees a
+    # row whose object is not stored, and a failed upload rolls the rows back.
+    put = PutInBackground(
+        lambda: store.put(key, image, size=digest.size, sha256=digest.sha256, content_type=info.content_type)
+    )
+    try:
+        article = _upsert_article(session, metadata.article) if metadata.article else None
+        figure = _insert_figure(
+            session,
+            image_sha=digest.sha256,
+            caption_sha=caption_sha,
+            key=key,
+            size=digest.size,
+            info=info,
+            caption=caption,
+            metadata=metadata,
+            article=article,
+            source=source,
+        )
+        if figure is not None:
+            # A figure created in this transaction cannot have a job yet: no lookup, no savepoint.
+            job = MiningJob(figure_id=figure.id, backend=settings.mining.backend, status=JobStatus.QUEUED)
+            session.add(job)
+            if record is not None:
+                record(session, figure, False)
+            session.flush()
+    finally:
+        failed = put.wait()  # the caller's stream is its own again only once the upload has read it
+    if failed is not None:
+        session.rollback()
+        raise failed
+    if figure is None:
+        # Another request stored the same figure between our lookup and insert.
+        raced = _find_figure(session, digest.sha256, caption_sha)
+        assert raced is not None
+        job = _ensure_job(session, raced, settings)
+        if record is not None:
+            record(session, raced, True)
+        session.commit()
+        _dispatch(session, dispatcher, job, settings=settings)
+        return IngestOutcome(figure=raced, job=job, duplicate=True)
+    session.commit()
+    _dispatch(session, dispatcher, job, settings=settings)
+    return IngestOutcome(figure=figure, job=job, duplicate=False)
 
-    article = _upsert_article(session, metadata.article) if metadata.article else None
-    figure = session.scalars(
+
+class PutInBackground:
+    """An object store write on a thread of its own, started as soon as the object's key is known.
+    A thread per upload (not a pool): nothing to rebuild in a forked worker, and its start-up is
+    small beside a megabyte's upload."""
+
+    def __init__(self, put: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(put,), name="p2p-ingest-put", daemon=True)
+        self._thread.start()
+
+    def _run(self, put: Callable[[], None]) -> None:
+        try:
+            put()
+        except BaseException as exc:  # handed to the ingesting thread by wait()
+            self._error = exc
+
+    def wait(self) -> BaseException | None:
+        """Block until the write is done; its exception, if it failed."""
+        self._thread.join()
+        return self._error
+
+
+def _insert_figure(
+    session: Session,
+    *,
+    image_sha: str,
+    caption_sha: str,
+    key: str,
+    size: int,
+    info: ImageInfo,
+    caption: str,
+    metadata: FigureMetadata,
+    article: Article | None,
+    source: str,
+) -> Figure | None:
+    """INSERT the figure (sent now, committed by the caller); None when the same image and caption
+    were stored by another request since the lookup."""
+    return session.scalars(
         insert(Figure)
         .values(
             id=new_id(),
-            image_sha256=digest.sha256,
+            image_sha256=image_sha,
             caption_sha256=caption_sha,
             object_key=key,
-            byte_size=digest.size,
+            byte_size=size,
             width=info.width,
             height=info.height,
             format=info.format,
@@ -139,24 +220,6 @@ def ingest_figure(
         .on_conflict_do_nothing(constraint="uq_figure_image_caption")
         .returning(Figure)
     ).first()
-    if figure is None:
-        # Another request stored the same figure between our lookup and insert.
-        raced = _find_figure(session, digest.sha256, caption_sha)
-        assert raced is not None
-        job = _ensure_job(session, raced, settings)
-        if record is not None:
-            record(session, raced, True)
-        session.commit()
-        _dispatch(session, dispatcher, job, settings=settings)
-        return IngestOutcome(figure=raced, job=job, duplicate=True)
-    # A figure created in this transaction cannot have a job yet: no lookup, no savepoint.
-    job = MiningJob(figure_id=figure.id, backend=settings.mining.backend, status=JobStatus.QUEUED)
-    session.add(job)
-    if record is not None:
-        record(session, figure, False)
-    session.commit()
-    _dispatch(session, dispatcher, job, settings=settings)
-    return IngestOutcome(figure=figure, job=job, duplicate=False)
 
 
 def _find_figure(session: Session, image_sha: str, caption_sha: str) -> Figure | None:

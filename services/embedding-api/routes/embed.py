@@ -10,7 +10,6 @@ server no float formatting and the client no float parsing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Sequence
@@ -20,10 +19,11 @@ import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
+from pydantic_core import to_json
 
 from p2p.embedding_api import service
 from p2p.embedding_api.deps import ModelState, ModelStateDep, ReadPrincipal, RuntimeDep
-from p2p.embedding_api.schemas import EmbeddingPublic, EmbedPublic, TextEmbedCreate
+from p2p.embedding_api.schemas import EmbedPublic, TextEmbedCreate
 from p2p.shared.errors import InvalidInput
 from p2p.shared.settings import Settings
 
@@ -60,16 +60,28 @@ def embed_response(
             "X-Embedding-Sources": json.dumps(list(sources)),
         }
         return Response(content=body, media_type=BINARY, headers=headers)
-    # Built without validation (every field is ours) and serialised once, by pydantic.
-    answer = EmbedPublic.model_construct(
-        model=ref,
-        dim=state.dim,
-        items=[
-            EmbeddingPublic.model_construct(source=s, embedding=v.tolist())
-            for s, v in zip(sources, vectors, strict=True)
-        ],
+    return Response(
+        content=json_answer(vectors, sources, ref_json=ref.model_dump_json().encode()),
+        media_type="application/json",
     )
-    return Response(content=answer.model_dump_json(), media_type="application/json")
+
+
+def json_answer(vectors: np.ndarray, sources: Sequence[str], *, ref_json: bytes) -> bytes:
+    """The ``EmbedPublic`` JSON, byte for byte as pydantic writes it, built without a model per row:
+    the rows become Python floats in one ``tolist`` and are serialised in one ``to_json`` call."""
+    rows = np.asarray(vectors).tolist()
+    items = [{"source": s, "embedding": row} for s, row in zip(sources, rows, strict=True)]
+    return b"".join(
+        (
+            b'{"model":',
+            ref_json,
+            b',"dim":',
+            str(int(vectors.shape[1])).encode(),
+            b',"items":',
+            to_json(items, inf_nan_mode="null"),
+            b"}",
+        )
+    )
 
 
 @router.post("/texts", response_model=EmbedPublic, responses=_ANSWERS)
@@ -88,6 +100,13 @@ def decode_upload(data: bytes, settings: Settings, name: str, model: Any) -> Any
     image = service.decode_image(data, settings=settings, name=name)
     prepare = getattr(model, "prepare_image", None)
     return prepare(image) if prepare is not None else image
+
+
+def decode_uploads(blobs: Sequence[bytes], names: Sequence[str], settings: Settings, model: Any) -> list[Any]:
+    """Every upload of a request as model input, in one call: one hand-off to the preparation pool
+    per request instead of one per image (each hand-off is a GIL round trip and a wake-up of the
+    event loop). The first bad image fails the request, its name in the message."""
+    return [decode_upload(data, settings, name, model) for data, name in zip(blobs, names, strict=True)]
 
 
 @router.post("/images", response_model=EmbedPublic, responses=_ANSWERS)
@@ -120,13 +139,10 @@ async def embed_images(
     names = [upload.filename or "image" for upload in files]
     blobs = [await upload.read() for upload in files]
     sources = [f"file:{name}" for name in names]
-    images: list[Any] = list(
-        await asyncio.gather(
-            *(
-                state.batcher.prepare(decode_upload, data, runtime.settings, name, state.model)
-                for data, name in zip(blobs, names, strict=True)
-            )
-        )
+    images: list[Any] = (
+        await state.batcher.prepare(decode_uploads, blobs, names, runtime.settings, state.model)
+        if blobs
+        else []
     )
 
     def load_items() -> list[tuple[str, Any]]:
