@@ -175,6 +175,16 @@ def start_pg(data_dir: Path, settings: dict[str, str]) -> tuple[EmbeddedPostgres
     return pg, make_engine(url, DatabaseSettings())
 
 
+def pg_versions(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return {
+            "pg_version": conn.exec_driver_sql("SHOW server_version").scalar(),
+            "pgvector_version": conn.exec_driver_sql(
+                "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+            ).scalar(),
+        }
+
+
 def rows_of(d: dict[str, Any], start: int, stop: int) -> Iterator[vectors.VectorRow]:
     data, ftype, rare = d["data"], d["figure_type"], d["rare"]
     for i in range(start, stop):
@@ -372,11 +382,7 @@ def main() -> None:
     pg: EmbeddedPostgres | None = None
     try:
         pg, engine = start_pg(tmp / "pg", pg_settings)
-        with engine.connect() as conn:
-            result["pg_version"] = conn.exec_driver_sql("SHOW server_version").scalar()
-            result["pgvector_version"] = conn.exec_driver_sql(
-                "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-            ).scalar()
+        result.update(pg_versions(engine))
         version_id = uuid.uuid4()
         vectors.ensure_table(engine, version_id, args.dim, indexes=False)
 

@@ -22,8 +22,10 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from p2p.embedding_api.batching import BatcherStopped, MicroBatcher
+from p2p.embedding_api.calibration import calibrate
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
+from p2p.embedding_api.text_cache import TextCache
 from p2p.models.modeling import default_spec, load_model
 from p2p.models.registry import spec_of
 from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers, install_guards, log_startup
@@ -82,7 +84,16 @@ def load_state(runtime: Runtime, space: str) -> ModelState:
                 raise ValueError(f"model gives {model.dim}-d vectors, the version says {version.dim}")
             batcher = make_batcher(model, settings)
             log.info("serving space %s with %s %s (%d-d)", space, version.name, version.version, model.dim)
-            return ModelState(model, batcher, space, version.id, version.name, version.version, model.dim)
+            return ModelState(
+                model,
+                batcher,
+                space,
+                version.id,
+                version.name,
+                version.version,
+                model.dim,
+                text_cache=TextCache(settings.text_cache_entries),
+            )
         except Exception as exc:
             error = f"{version.name} {version.version}: {type(exc).__name__}: {exc}"[:500]
             log.error("cannot load the active model of space %s: %s", space, error)
@@ -91,7 +102,39 @@ def load_state(runtime: Runtime, space: str) -> ModelState:
     batcher = make_batcher(model, settings)
     if error is None:
         log.warning("space %s has no active model version: the default model serves embeds only", space)
-    return ModelState(model, batcher, space, None, spec.name, None, model.dim, load_error=error)
+    return ModelState(
+        model,
+        batcher,
+        space,
+        None,
+        spec.name,
+        None,
+        model.dim,
+        load_error=error,
+        text_cache=TextCache(settings.text_cache_entries),
+    )
+
+
+def calibrate_search(runtime: Runtime, state: ModelState) -> None:
+    """Measure what each search path costs on the state's vector table (blocking, bounded: run it in
+    a thread); until it is done, search plans with the default costs."""
+    if state.version_id is None:
+        return
+    try:
+        costs = calibrate(runtime.engine, state.version_id)
+    except LookupError:
+        return  # no vectors yet: nothing to measure, search answers 503 anyway
+    except Exception:
+        log.exception("calibrating search costs for version %s failed: default costs apply", state.version_id)
+        return
+    state.search_costs.costs = costs
+    log.info("search costs of version %s: %s", state.version_id, costs.as_dict())
+
+
+def start_calibration(runtime: Runtime, state: ModelState, tasks: set[asyncio.Task[None]]) -> None:
+    task = asyncio.create_task(asyncio.to_thread(calibrate_search, runtime, state))
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 async def _retire(state: ModelState, grace_s: float) -> None:
@@ -99,8 +142,11 @@ async def _retire(state: ModelState, grace_s: float) -> None:
     await state.batcher.stop()
 
 
-async def refresh_forever(app: FastAPI, runtime: Runtime, space: str, interval_s: float) -> None:
-    """Swap the served model when the space's active version changes."""
+async def refresh_forever(
+    app: FastAPI, runtime: Runtime, space: str, interval_s: float, calibrations: set[asyncio.Task[None]]
+) -> None:
+    """Swap the served model when the space's active version changes (and measure the search costs
+    on the new version's table)."""
     loaded: uuid.UUID | None = app.state.model_state.version_id
     retiring: set[asyncio.Task[None]] = set()
     while True:
@@ -113,7 +159,9 @@ async def refresh_forever(app: FastAPI, runtime: Runtime, space: str, interval_s
             loaded = wanted  # a version that fails to load is not retried every few seconds
             state = await asyncio.to_thread(load_state, runtime, space)
             state.batcher.start()
+            start_calibration(runtime, state, calibrations)
             old, app.state.model_state = app.state.model_state, state
+            old.text_cache.clear()  # its texts embed differently under the new model
             task = asyncio.create_task(_retire(old, RETIRE_GRACE_S))
             retiring.add(task)
             task.add_done_callback(retiring.discard)
@@ -165,13 +213,17 @@ def create_app(
         set_process_runtime(rt)
         log_startup(settings, "embedding API")
         refresher: asyncio.Task[None] | None = None
+        calibrations: set[asyncio.Task[None]] = set()
         sweeper = start_embedded_recovery(rt)
         try:
             app.state.model_state = await asyncio.to_thread(load_state, rt, space)
             app.state.model_state.batcher.start()
-            refresher = asyncio.create_task(refresh_forever(app, rt, space, refresh_interval_s))
+            start_calibration(rt, app.state.model_state, calibrations)
+            refresher = asyncio.create_task(refresh_forever(app, rt, space, refresh_interval_s, calibrations))
             yield
         finally:
+            # A calibration is bounded (calibration.BUDGET_S): let it finish before the engine closes.
+            await asyncio.gather(*calibrations, return_exceptions=True)
             if sweeper is not None:
                 sweeper.stop()
             if refresher is not None:

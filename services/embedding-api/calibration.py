@@ -1,0 +1,214 @@
+"""Measure what each search path costs on the running database (see search_plan.PathCosts).
+
+A few probe queries per path, each in its own transaction as a request runs it, the median of each
+kept (one slow probe on a shared machine moves nothing): the fixed cost of a query (an exact search
+under a filter matching no row), an exact search and the bits path's two stages under a probe
+filter taken from the table's own statistics (a common value of an indexed metadata column, the one
+whose row count is nearest :data:`PROBE_ROWS`), and unfiltered graph walks at two ``ef_search``
+values. Per-unit costs are differences of medians over the units of work between them. The whole
+run stops taking probes past ``budget_s`` (each phase keeps at least :data:`MIN_PROBES`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, Engine
+
+from p2p.embedding_api import vectors
+from p2p.embedding_api.search_plan import DEFAULT_COSTS, PathCosts, Plan, rerank_candidates
+
+log = logging.getLogger(__name__)
+
+PROBE_QUERIES = 5
+MIN_PROBES = 3
+PROBE_ROWS = 4000
+BUDGET_S = 5.0
+GRAPH_EFS = (40, 400)
+PROBE_K = 10
+# The smallest cost a measurement may give: a difference of medians can come out at or below zero
+# when a path's per-unit cost is lost in the noise.
+MIN_MS = 1e-6
+# Metadata columns (text) whose btree covers the sign bits.
+_PROBE_COLUMNS = ("figure_type", "license_group", "journal")
+_NO_FIGURE = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True)
+class ProbeFilter:
+    filters: vectors.SearchFilters
+    rows: int
+    described: str
+
+
+class _Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.deadline = time.perf_counter() + budget_s
+
+    def medians(
+        self, engine: Engine, run: Callable[[Connection, np.ndarray], object], probes: np.ndarray
+    ) -> float:
+        """Median ms of ``run`` over the probe vectors (after one untimed warm-up)."""
+        times: list[float] = []
+        with engine.connect() as conn:
+            run(conn, probes[0])
+            conn.rollback()
+            for q in probes:
+                t0 = time.perf_counter()
+                run(conn, q)
+                conn.rollback()
+                times.append((time.perf_counter() - t0) * 1000)
+                if len(times) >= MIN_PROBES and time.perf_counter() > self.deadline:
+                    break
+        return statistics.median(times)
+
+
+def _largest_level(conn: Connection, table: str) -> tuple[str, float]:
+    sizes = {lv: vectors._estimated_rows(conn, table, f"level = '{lv}'", []) for lv in vectors.LEVELS}
+    level = max(sizes, key=lambda lv: sizes[lv])
+    return level, sizes[level]
+
+
+def _probe_vectors(conn: Connection, table: str, level: str, rows: float, n: int) -> np.ndarray:
+    vectors._adapt(conn)
+    percent = min(100.0, 100.0 * 40 * n / max(rows, 1.0))
+    found = conn.exec_driver_sql(
+        f"SELECT embedding FROM {table} TABLESAMPLE SYSTEM (%s) WHERE level = '{level}' LIMIT %s",
+        (percent, n),
+    ).fetchall()
+    if len(found) < n:
+        found = conn.exec_driver_sql(
+            f"SELECT embedding FROM {table} WHERE level = '{level}' LIMIT %s", (n,)
+        ).fetchall()
+    return np.stack([np.asarray(r[0], dtype=np.float32) for r in found]) if found else np.zeros((0, 0))
+
+
+def _common_values(conn: Connection, table: str) -> list[tuple[str, str, float]]:
+    """(column, value, fraction of the table's rows) from the planner's statistics."""
+    found = conn.exec_driver_sql(
+        "SELECT attname, most_common_vals::text::text[], most_common_freqs FROM pg_stats "
+        "WHERE schemaname = current_schema() AND tablename = %s AND attname = ANY(%s)",
+        (table, list(_PROBE_COLUMNS)),
+    ).fetchall()
+    out = []
+    for column, values, freqs in found:
+        for value, freq in zip(values or [], freqs or [], strict=False):
+            out.append((str(column), str(value), float(freq)))
+    return out
+
+
+def _filter_on(column: str, value: str) -> vectors.SearchFilters:
+    if column == "figure_type":
+        return vectors.SearchFilters(figure_type=value)
+    if column == "license_group":
+        return vectors.SearchFilters(license_group=value)
+    return vectors.SearchFilters(journal=value)
+
+
+def probe_filter(conn: Connection, table: str, level: str, *, target: int = PROBE_ROWS) -> ProbeFilter | None:
+    """The common metadata value whose rows at ``level`` are nearest ``target`` (log scale)."""
+    total = vectors._estimated_rows(conn, table, "true", [])
+    choices = _common_values(conn, table)
+    if not choices:
+        return None
+    column, value, freq = min(choices, key=lambda c: abs(math.log(max(c[2] * total, 1.0) / target)))
+    filters = _filter_on(column, value)
+    where, params = vectors._where(level, filters)
+    rows = int(
+        conn.exec_driver_sql(f"SELECT count(*) FROM {table} WHERE {where}", tuple(params)).scalar_one()
+    )
+    if rows == 0:
+        return None
+    return ProbeFilter(filters, rows, f"{column} = {value!r} ({rows} rows, {freq:.3%} of the table)")
+
+
+def _runner(
+    version_id: uuid.UUID, level: str, filters: vectors.SearchFilters, plan: Plan, *, stage_one: bool = False
+) -> Callable[[Connection, np.ndarray], object]:
+    def run(conn: Connection, q: np.ndarray) -> object:
+        prepared = vectors.prepare(conn, version_id, q, level, filters, PROBE_K)
+        if stage_one:
+            return vectors.rank_bits(conn, prepared, plan.candidates)
+        return vectors.run_plan(conn, prepared, plan, max_scan_tuples=vectors.DEFAULT_MAX_SCAN_TUPLES)
+
+    return run
+
+
+def _plan(path: Any, *, ef: int = 0, candidates: int = 0) -> Plan:
+    return Plan(path, ef, candidates, 0.0, 0.0)
+
+
+def calibrate(
+    engine: Engine, version_id: uuid.UUID, *, probes: int = PROBE_QUERIES, budget_s: float = BUDGET_S
+) -> PathCosts:
+    """The costs of every search path on ``version_id``'s table, measured now (bounded by
+    ``budget_s``, give or take one probe per phase). Raises LookupError without a table."""
+    table = vectors.table_name(version_id)
+    with engine.connect() as conn:
+        if vectors._table_dim(conn, table) is None:
+            raise LookupError(f"no vector table for model version {version_id}")
+        level, level_rows = _largest_level(conn, table)
+        sample = _probe_vectors(conn, table, level, level_rows, max(probes, MIN_PROBES))
+        probe = probe_filter(conn, table, level)
+        has_bits = vectors._has_bits(conn, table)
+        index_oid = conn.exec_driver_sql(
+            "SELECT coalesce(to_regclass(%s)::oid, 0)", (vectors._index_name(table, level),)
+        ).scalar_one()
+    if len(sample) == 0:
+        return DEFAULT_COSTS
+    clock = _Clock(budget_s)
+    nothing = vectors.SearchFilters(figure_id=_NO_FIGURE)
+    fixed = clock.medians(engine, _runner(version_id, level, nothing, _plan("exact")), sample)
+    graph = [
+        clock.medians(
+            engine, _runner(version_id, level, vectors.SearchFilters(), _plan("graph", ef=ef)), sample
+        )
+        for ef in GRAPH_EFS
+    ]
+    graph_tuple = max(MIN_MS, (graph[1] - graph[0]) / (GRAPH_EFS[1] - GRAPH_EFS[0]))
+    costs: dict[str, Any] = {
+        "fixed_ms": max(MIN_MS, fixed),
+        "graph_tuple_ms": graph_tuple,
+        "graph_fixed_ms": max(MIN_MS, graph[0] - graph_tuple * GRAPH_EFS[0]),
+        "exact_row_ms": DEFAULT_COSTS.exact_row_ms,
+        "bits_row_ms": DEFAULT_COSTS.bits_row_ms,
+        "rerank_ms": DEFAULT_COSTS.rerank_ms,
+        "index_oid": int(index_oid),
+        "source": f"{table} {level} ({level_rows:.0f} rows): no probe filter, row costs are defaults",
+    }
+    if probe is not None:
+        costs.update(_row_costs(engine, version_id, level, probe, clock, fixed, sample, has_bits=has_bits))
+        costs["source"] = f"{table} {level} ({level_rows:.0f} rows), probe {probe.described}"
+    return PathCosts(**costs)
+
+
+def _row_costs(
+    engine: Engine,
+    version_id: uuid.UUID,
+    level: str,
+    probe: ProbeFilter,
+    clock: _Clock,
+    fixed: float,
+    sample: np.ndarray,
+    *,
+    has_bits: bool,
+) -> dict[str, float]:
+    exact = clock.medians(engine, _runner(version_id, level, probe.filters, _plan("exact")), sample)
+    out = {"exact_row_ms": max(MIN_MS, (exact - fixed) / probe.rows)}
+    if not has_bits:
+        return out
+    candidates = min(probe.rows, rerank_candidates(probe.rows, PROBE_K))
+    bits = _plan("bits", candidates=candidates)
+    stage_one = clock.medians(engine, _runner(version_id, level, probe.filters, bits, stage_one=True), sample)
+    both = clock.medians(engine, _runner(version_id, level, probe.filters, bits), sample)
+    out["bits_row_ms"] = max(MIN_MS, (stage_one - fixed) / probe.rows)
+    out["rerank_ms"] = max(MIN_MS, (both - stage_one) / candidates)
+    return out
