@@ -50,6 +50,7 @@ import psutil
 from sqlalchemy import Engine
 
 from p2p.embedding_api import vectors
+from p2p.embedding_api.search_plan import RERANK_CANDIDATES, PathName
 from p2p.shared.db.engine import make_engine
 from p2p.shared.embedded import EmbeddedPostgres
 from p2p.shared.settings import DatabaseSettings
@@ -230,7 +231,7 @@ def pg_queries(
                 k=K,
                 filters=filters,
                 ef_search=ef,
-                exact_below=vectors.EXACT_FILTER_ROWS if hide_index is None else 0,
+                force=None if hide_index is None else "graph",
             )
             if hide_index is None:
                 conn.rollback()
@@ -247,27 +248,26 @@ def bits_vs_exact(
     filters: vectors.SearchFilters,
     truth: np.ndarray,
 ) -> dict[str, Any]:
-    """The filtered product path (sign bits, then an exact rerank) and an exact ranking of every
-    matching row (``RERANK_CANDIDATES`` out of reach), alternating query by query."""
+    """The sign-bit path (then an exact rerank) and an exact ranking of every matching row, each
+    forced, alternating query by query."""
     mask = (1 << 64) - 1
     runs: dict[str, tuple[list[float], list[list[int]]]] = {
         "bits_then_rerank": ([], []),
         "exact_rank": ([], []),
     }
-    default = vectors.RERANK_CANDIDATES
-    try:
-        with engine.connect() as conn:
-            for q in queries:
-                for label, candidates in (("bits_then_rerank", default), ("exact_rank", 10**9)):
-                    vectors.RERANK_CANDIDATES = candidates
-                    t0 = time.perf_counter()
-                    hits = vectors.search(conn, version_id, q, level="region", k=K, filters=filters)
-                    conn.rollback()
-                    runs[label][0].append(time.perf_counter() - t0)
-                    runs[label][1].append([h.item_id.int & mask for h in hits])
-    finally:
-        vectors.RERANK_CANDIDATES = default
-    out: dict[str, Any] = {"rerank_candidates": default, "load_avg_1m": round(os.getloadavg()[0], 2)}
+    forced: dict[str, PathName] = {"bits_then_rerank": "bits", "exact_rank": "exact"}
+    with engine.connect() as conn:
+        for q in queries:
+            for label, path in forced.items():
+                t0 = time.perf_counter()
+                hits = vectors.search(conn, version_id, q, level="region", k=K, filters=filters, force=path)
+                conn.rollback()
+                runs[label][0].append(time.perf_counter() - t0)
+                runs[label][1].append([h.item_id.int & mask for h in hits])
+    out: dict[str, Any] = {
+        "rerank_candidates": RERANK_CANDIDATES,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
     for label, (lat, found) in runs.items():
         out[label] = summarise(lat, found, truth)
     return out
@@ -466,7 +466,7 @@ def main() -> None:
                     conn.exec_driver_sql(f"DROP INDEX {hide}")
                 # Sets the transaction's hnsw.* settings (iterative scan) the EXPLAIN then runs with.
                 vectors.search(
-                    conn, version_id, queries[0], level="region", k=K, filters=rare_filter, exact_below=0
+                    conn, version_id, queries[0], level="region", k=K, filters=rare_filter, force="graph"
                 )
                 plan = conn.exec_driver_sql(explain, (RARE, queries[0])).fetchall()
                 result[key] = [r[0] if len(r[0]) < 160 else r[0][:150] + " ..." for r in plan]

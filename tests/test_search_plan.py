@@ -119,7 +119,7 @@ def test_calibration_stops_taking_probes_past_its_budget(engine: Engine, corpus:
     finally:
         event.remove(engine, "before_cursor_execute", record)
     distances = [s for s in statements if "<#>" in s or "<=>" in s or "<~>" in s]
-    # Six timed phases, each a warm-up and MIN_PROBES probes, not 20.
+    # Six probe queries, in a warm-up round and MIN_PROBES rounds, not 20.
     assert len(distances) == 6 * (1 + calibration.MIN_PROBES)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -17,6 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -39,6 +41,11 @@ log = logging.getLogger(__name__)
 MULTIPART_OVERHEAD = 1024 * 1024
 STATIC_DIR = Path(__file__).parent / "static"
 REFRESH_INTERVAL_S = 5.0
+# torch's intra-op threads on the text thread: a search embeds one short text, and on two threads
+# MiniLM's batch of one took 10x longer than on one whenever other work held a core (bench/README.md).
+TEXT_THREADS = 1
+# When the search costs are measured again after a version is loaded (see start_calibration).
+RECALIBRATE_AFTER_S = 300.0
 # How long a swapped-out model keeps answering the requests that already hold it.
 RETIRE_GRACE_S = 30.0
 # This service's own routes; the process that serves it may add others' (p2p.apps.embedding).
@@ -67,6 +74,7 @@ def make_batcher(model: Any, settings: EmbeddingSettings) -> MicroBatcher:
         batch_size=settings.batch_size,
         wait_ms=settings.batch_wait_ms,
         image_workers=settings.image_workers,
+        text_thread_init=functools.partial(torch.set_num_threads, TEXT_THREADS),
     )
 
 
@@ -131,10 +139,20 @@ def calibrate_search(runtime: Runtime, state: ModelState) -> None:
     log.info("search costs of version %s: %s", state.version_id, costs.as_dict())
 
 
-def start_calibration(runtime: Runtime, state: ModelState, tasks: set[asyncio.Task[None]]) -> None:
-    task = asyncio.create_task(asyncio.to_thread(calibrate_search, runtime, state))
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+async def _calibrate_after(runtime: Runtime, state: ModelState, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await asyncio.to_thread(calibrate_search, runtime, state)
+
+
+def start_calibration(
+    runtime: Runtime, state: ModelState, tasks: set[asyncio.Task[None]], *, again_after_s: float
+) -> None:
+    """Calibrate now, and once more after ``again_after_s``: right after loading, the table and its
+    index are mostly not in memory yet, and the graph's costs come out several times too high."""
+    for delay, name in ((0.0, "calibrate"), (again_after_s, "recalibrate")):
+        task = asyncio.create_task(_calibrate_after(runtime, state, delay), name=name)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
 
 async def _retire(state: ModelState, grace_s: float) -> None:
@@ -159,7 +177,7 @@ async def refresh_forever(
             loaded = wanted  # a version that fails to load is not retried every few seconds
             state = await asyncio.to_thread(load_state, runtime, space)
             state.batcher.start()
-            start_calibration(runtime, state, calibrations)
+            start_calibration(runtime, state, calibrations, again_after_s=RECALIBRATE_AFTER_S)
             old, app.state.model_state = app.state.model_state, state
             old.text_cache.clear()  # its texts embed differently under the new model
             task = asyncio.create_task(_retire(old, RETIRE_GRACE_S))
@@ -218,11 +236,15 @@ def create_app(
         try:
             app.state.model_state = await asyncio.to_thread(load_state, rt, space)
             app.state.model_state.batcher.start()
-            start_calibration(rt, app.state.model_state, calibrations)
+            start_calibration(rt, app.state.model_state, calibrations, again_after_s=RECALIBRATE_AFTER_S)
             refresher = asyncio.create_task(refresh_forever(app, rt, space, refresh_interval_s, calibrations))
             yield
         finally:
-            # A calibration is bounded (calibration.BUDGET_S): let it finish before the engine closes.
+            # A running calibration is bounded (calibration.BUDGET_S): it finishes before the engine
+            # closes; one still waiting for its turn is dropped.
+            for task in calibrations:
+                if task.get_name() == "recalibrate":
+                    task.cancel()
             await asyncio.gather(*calibrations, return_exceptions=True)
             if sweeper is not None:
                 sweeper.stop()

@@ -1,12 +1,13 @@
 """Measure what each search path costs on the running database (see search_plan.PathCosts).
 
-A few probe queries per path, each in its own transaction as a request runs it, the median of each
-kept (one slow probe on a shared machine moves nothing): the fixed cost of a query (an exact search
-under a filter matching no row), an exact search and the bits path's two stages under a probe
-filter taken from the table's own statistics (a common value of an indexed metadata column, the one
-whose row count is nearest :data:`PROBE_ROWS`), and unfiltered graph walks at two ``ef_search``
-values. Per-unit costs are differences of medians over the units of work between them. The whole
-run stops taking probes past ``budget_s`` (each phase keeps at least :data:`MIN_PROBES`).
+Probe queries, each in its own transaction as a request runs it: the fixed cost of a query (an
+exact search under a filter matching no row), unfiltered graph walks at two ``ef_search`` values,
+and an exact search and the bits path's two stages under a probe filter taken from the table's own
+statistics (a common value of an indexed metadata column, the one whose row count is nearest
+:data:`PROBE_ROWS`). One round runs every probe query back to back on one stored vector; each
+per-unit cost is a difference of times within a round (so a slow spell of a shared machine falls
+on both sides of it), and the median over a few rounds is kept. Rounds stop once ``budget_s`` has
+passed (at least :data:`MIN_PROBES` run).
 """
 
 from __future__ import annotations
@@ -49,26 +50,38 @@ class ProbeFilter:
     described: str
 
 
-class _Clock:
-    def __init__(self, budget_s: float) -> None:
-        self.deadline = time.perf_counter() + budget_s
+Runner = Callable[[Connection, np.ndarray], object]
 
-    def medians(
-        self, engine: Engine, run: Callable[[Connection, np.ndarray], object], probes: np.ndarray
-    ) -> float:
-        """Median ms of ``run`` over the probe vectors (after one untimed warm-up)."""
-        times: list[float] = []
-        with engine.connect() as conn:
-            run(conn, probes[0])
+
+def _rounds(
+    engine: Engine, runners: dict[str, Runner], probes: np.ndarray, budget_s: float
+) -> list[dict[str, float]]:
+    """Per probe vector, the ms of every runner back to back (order reversed every other round, so
+    a slow spell of the machine falls on all of them alike), after one untimed warm-up round; stops
+    after :data:`MIN_PROBES` rounds once ``budget_s`` has passed."""
+    deadline = time.perf_counter() + budget_s
+    rounds: list[dict[str, float]] = []
+    names = list(runners)
+    with engine.connect() as conn:
+        for name in names:
+            runners[name](conn, probes[0])
             conn.rollback()
-            for q in probes:
+        for i, q in enumerate(probes):
+            times: dict[str, float] = {}
+            for name in names if i % 2 == 0 else reversed(names):
                 t0 = time.perf_counter()
-                run(conn, q)
+                runners[name](conn, q)
                 conn.rollback()
-                times.append((time.perf_counter() - t0) * 1000)
-                if len(times) >= MIN_PROBES and time.perf_counter() > self.deadline:
-                    break
-        return statistics.median(times)
+                times[name] = (time.perf_counter() - t0) * 1000
+            rounds.append(times)
+            if len(rounds) >= MIN_PROBES and time.perf_counter() > deadline:
+                break
+    return rounds
+
+
+def _median(rounds: list[dict[str, float]], value: Callable[[dict[str, float]], float]) -> float:
+    """The median over rounds of a cost computed within each round (differences of paired times)."""
+    return max(MIN_MS, statistics.median(value(r) for r in rounds))
 
 
 def _largest_level(conn: Connection, table: str) -> tuple[str, float]:
@@ -164,20 +177,14 @@ def calibrate(
         ).scalar_one()
     if len(sample) == 0:
         return DEFAULT_COSTS
-    clock = _Clock(budget_s)
-    nothing = vectors.SearchFilters(figure_id=_NO_FIGURE)
-    fixed = clock.medians(engine, _runner(version_id, level, nothing, _plan("exact")), sample)
-    graph = [
-        clock.medians(
-            engine, _runner(version_id, level, vectors.SearchFilters(), _plan("graph", ef=ef)), sample
-        )
-        for ef in GRAPH_EFS
-    ]
-    graph_tuple = max(MIN_MS, (graph[1] - graph[0]) / (GRAPH_EFS[1] - GRAPH_EFS[0]))
+    runners = _runners(version_id, level, probe, has_bits=has_bits)
+    rounds = _rounds(engine, runners, sample, budget_s)
+    low, high = GRAPH_EFS
+    graph_tuple = _median(rounds, lambda r: (r["graph_high"] - r["graph_low"]) / (high - low))
     costs: dict[str, Any] = {
-        "fixed_ms": max(MIN_MS, fixed),
+        "fixed_ms": _median(rounds, lambda r: r["fixed"]),
         "graph_tuple_ms": graph_tuple,
-        "graph_fixed_ms": max(MIN_MS, graph[0] - graph_tuple * GRAPH_EFS[0]),
+        "graph_fixed_ms": _median(rounds, lambda r: r["graph_low"] - graph_tuple * low),
         "exact_row_ms": DEFAULT_COSTS.exact_row_ms,
         "bits_row_ms": DEFAULT_COSTS.bits_row_ms,
         "rerank_ms": DEFAULT_COSTS.rerank_ms,
@@ -185,30 +192,39 @@ def calibrate(
         "source": f"{table} {level} ({level_rows:.0f} rows): no probe filter, row costs are defaults",
     }
     if probe is not None:
-        costs.update(_row_costs(engine, version_id, level, probe, clock, fixed, sample, has_bits=has_bits))
-        costs["source"] = f"{table} {level} ({level_rows:.0f} rows), probe {probe.described}"
+        costs.update(_row_costs(rounds, probe))
+        costs["source"] = (
+            f"{table} {level} ({level_rows:.0f} rows), probe {probe.described}, {len(rounds)} rounds"
+        )
     return PathCosts(**costs)
 
 
-def _row_costs(
-    engine: Engine,
-    version_id: uuid.UUID,
-    level: str,
-    probe: ProbeFilter,
-    clock: _Clock,
-    fixed: float,
-    sample: np.ndarray,
-    *,
-    has_bits: bool,
-) -> dict[str, float]:
-    exact = clock.medians(engine, _runner(version_id, level, probe.filters, _plan("exact")), sample)
-    out = {"exact_row_ms": max(MIN_MS, (exact - fixed) / probe.rows)}
-    if not has_bits:
-        return out
-    candidates = min(probe.rows, rerank_candidates(probe.rows, PROBE_K))
-    bits = _plan("bits", candidates=candidates)
-    stage_one = clock.medians(engine, _runner(version_id, level, probe.filters, bits, stage_one=True), sample)
-    both = clock.medians(engine, _runner(version_id, level, probe.filters, bits), sample)
-    out["bits_row_ms"] = max(MIN_MS, (stage_one - fixed) / probe.rows)
-    out["rerank_ms"] = max(MIN_MS, (both - stage_one) / candidates)
+def _runners(
+    version_id: uuid.UUID, level: str, probe: ProbeFilter | None, *, has_bits: bool
+) -> dict[str, Runner]:
+    nothing = vectors.SearchFilters(figure_id=_NO_FIGURE)
+    everything = vectors.SearchFilters()
+    runners = {
+        "fixed": _runner(version_id, level, nothing, _plan("exact")),
+        "graph_low": _runner(version_id, level, everything, _plan("graph", ef=GRAPH_EFS[0])),
+        "graph_high": _runner(version_id, level, everything, _plan("graph", ef=GRAPH_EFS[1])),
+    }
+    if probe is not None:
+        runners["exact"] = _runner(version_id, level, probe.filters, _plan("exact"))
+        if has_bits:
+            bits = _plan("bits", candidates=_candidates(probe))
+            runners["bits_ranking"] = _runner(version_id, level, probe.filters, bits, stage_one=True)
+            runners["bits"] = _runner(version_id, level, probe.filters, bits)
+    return runners
+
+
+def _candidates(probe: ProbeFilter) -> int:
+    return min(probe.rows, rerank_candidates(probe.rows, PROBE_K))
+
+
+def _row_costs(rounds: list[dict[str, float]], probe: ProbeFilter) -> dict[str, float]:
+    out = {"exact_row_ms": _median(rounds, lambda r: (r["exact"] - r["fixed"]) / probe.rows)}
+    if "bits" in rounds[0]:
+        out["bits_row_ms"] = _median(rounds, lambda r: (r["bits_ranking"] - r["fixed"]) / probe.rows)
+        out["rerank_ms"] = _median(rounds, lambda r: (r["bits"] - r["bits_ranking"]) / _candidates(probe))
     return out

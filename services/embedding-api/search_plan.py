@@ -76,15 +76,17 @@ class PathCosts:
         return asdict(self)
 
 
-# Used until a calibration has run (or when it cannot): the medians of a calibration of
-# bench/search_bench.py's 200k x 512 table on the 2-core development machine.
+# Used until a calibration has run (or when it cannot measure a path): round numbers in the ratios
+# the calibrations of bench/filtered_search_bench.py's 200k x 512 table measured on the 2-core
+# development machine (reranking a candidate ~2.7x, Hamming-ranking a row ~0.5x the cost of ranking
+# a row exactly) and the absolute times of quiet runs (2,000 rows ranked exactly in ~7 ms).
 DEFAULT_COSTS = PathCosts(
     fixed_ms=1.0,
     exact_row_ms=0.003,
-    bits_row_ms=0.0008,
-    rerank_ms=0.006,
-    graph_fixed_ms=1.2,
-    graph_tuple_ms=0.008,
+    bits_row_ms=0.0015,
+    rerank_ms=0.008,
+    graph_fixed_ms=1.5,
+    graph_tuple_ms=0.01,
 )
 
 
