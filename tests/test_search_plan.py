@@ -199,3 +199,15 @@ def test_the_iterative_scan_returns_k_where_a_plain_walk_returns_fewer(
         found = vectors.run_plan(conn, prepared, walk, max_scan_tuples=vectors.DEFAULT_MAX_SCAN_TUPLES)
         assert len(found) == 10 and {r[1] for r in found} <= rare
         conn.rollback()  # the index comes back
+
+
+def test_calibration_on_a_local_server_counts_cpu_time_not_waiting(engine: Engine, corpus: Corpus) -> None:
+    """The test server runs on this machine: its backend's CPU time is readable, so the rounds are
+    timed in CPU ms (wall time on a shared machine is mostly waiting for a core)."""
+    costs = calibration.calibrate(engine, corpus.version_id, probes=3, budget_s=0.0)
+    assert "rounds of cpu time" in costs.source
+    with engine.connect() as conn:
+        clock = calibration._Clock(conn)
+        start = clock.now_ms()
+        conn.exec_driver_sql("SELECT count(*) FROM generate_series(1, 2000000)").scalar_one()
+        assert clock.kind == "cpu" and clock.now_ms() > start

@@ -4,10 +4,11 @@ Probe queries, each in its own transaction as a request runs it: the fixed cost 
 exact search under a filter matching no row), unfiltered graph walks at two ``ef_search`` values,
 and an exact search and the bits path's two stages under a probe filter taken from the table's own
 statistics (a common value of an indexed metadata column, the one whose row count is nearest
-:data:`PROBE_ROWS`). One round runs every probe query back to back on one stored vector; each
-per-unit cost is a difference of times within a round (so a slow spell of a shared machine falls
-on both sides of it), and the median over a few rounds is kept. Rounds stop once ``budget_s`` has
-passed (at least :data:`MIN_PROBES` run).
+:data:`PROBE_ROWS`). One round runs every probe query back to back on one stored vector (timed
+in CPU ms of this thread and the PostgreSQL backend where the backend runs on this machine, see
+``_Clock``); each per-unit cost is a difference of times within a round (so a slow spell of a
+shared machine falls on both sides of it), and the median over a few rounds is kept. Rounds stop
+once ``budget_s`` has passed (at least :data:`MIN_PROBES` run).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,30 +55,65 @@ class ProbeFilter:
 Runner = Callable[[Connection, np.ndarray], object]
 
 
+class _Clock:
+    """Milliseconds of work. Where the connection's PostgreSQL backend runs on this machine, the CPU
+    time of this thread plus the backend's (``/proc/<pid>/schedstat``, in ns): on a shared machine a
+    query's wall time is mostly waiting for a core (5-28x its CPU time at load 10-25 on 2 cores),
+    which no number of rounds averages out. Elsewhere (a remote server), wall time."""
+
+    def __init__(self, conn: Connection) -> None:
+        pid = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        conn.rollback()
+        stat = Path(f"/proc/{pid}/schedstat")
+        self.backend: Path | None = stat if _is_postgres(pid) and _readable(stat) else None
+        self.kind = "cpu" if self.backend is not None else "wall"
+
+    def now_ms(self) -> float:
+        if self.backend is None:
+            return time.perf_counter_ns() / 1e6
+        return (time.thread_time_ns() + int(self.backend.read_text().split()[0])) / 1e6
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        return b"postgres" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _readable(path: Path) -> bool:
+    try:
+        int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
 def _rounds(
     engine: Engine, runners: dict[str, Runner], probes: np.ndarray, budget_s: float
-) -> list[dict[str, float]]:
+) -> tuple[list[dict[str, float]], str]:
     """Per probe vector, the ms of every runner back to back (order reversed every other round, so
     a slow spell of the machine falls on all of them alike), after one untimed warm-up round; stops
-    after :data:`MIN_PROBES` rounds once ``budget_s`` has passed."""
+    after :data:`MIN_PROBES` rounds once ``budget_s`` has passed. Also which clock measured them."""
     deadline = time.perf_counter() + budget_s
     rounds: list[dict[str, float]] = []
     names = list(runners)
     with engine.connect() as conn:
+        clock = _Clock(conn)
         for name in names:
             runners[name](conn, probes[0])
             conn.rollback()
         for i, q in enumerate(probes):
             times: dict[str, float] = {}
             for name in names if i % 2 == 0 else reversed(names):
-                t0 = time.perf_counter()
+                t0 = clock.now_ms()
                 runners[name](conn, q)
                 conn.rollback()
-                times[name] = (time.perf_counter() - t0) * 1000
+                times[name] = clock.now_ms() - t0
             rounds.append(times)
             if len(rounds) >= MIN_PROBES and time.perf_counter() > deadline:
                 break
-    return rounds
+    return rounds, clock.kind
 
 
 def _median(rounds: list[dict[str, float]], value: Callable[[dict[str, float]], float]) -> float:
@@ -178,7 +215,7 @@ def calibrate(
     if len(sample) == 0:
         return DEFAULT_COSTS
     runners = _runners(version_id, level, probe, has_bits=has_bits)
-    rounds = _rounds(engine, runners, sample, budget_s)
+    rounds, clock = _rounds(engine, runners, sample, budget_s)
     low, high = GRAPH_EFS
     graph_tuple = _median(rounds, lambda r: (r["graph_high"] - r["graph_low"]) / (high - low))
     costs: dict[str, Any] = {
@@ -189,12 +226,13 @@ def calibrate(
         "bits_row_ms": DEFAULT_COSTS.bits_row_ms,
         "rerank_ms": DEFAULT_COSTS.rerank_ms,
         "index_oid": int(index_oid),
-        "source": f"{table} {level} ({level_rows:.0f} rows): no probe filter, row costs are defaults",
+        "source": f"{table} {level} ({level_rows:.0f} rows), {clock} time, no probe: default row costs",
     }
     if probe is not None:
         costs.update(_row_costs(rounds, probe))
         costs["source"] = (
-            f"{table} {level} ({level_rows:.0f} rows), probe {probe.described}, {len(rounds)} rounds"
+            f"{table} {level} ({level_rows:.0f} rows), probe {probe.described}, "
+            f"{len(rounds)} rounds of {clock} time"
         )
     return PathCosts(**costs)
 
