@@ -76,17 +76,16 @@ class PathCosts:
         return asdict(self)
 
 
-# Used until a calibration has run (or when it cannot measure a path): round numbers in the ratios
-# the calibrations of bench/filtered_search_bench.py's 200k x 512 table measured on the 2-core
-# development machine (reranking a candidate ~2.7x, Hamming-ranking a row ~0.5x the cost of ranking
-# a row exactly) and the absolute times of quiet runs (2,000 rows ranked exactly in ~7 ms).
+# Used until a calibration has run (or for what it cannot measure): the costs a calibration in CPU
+# time measured on bench/filtered_search_bench.py's 200k x 512 table on the 2-core development
+# machine, after a warm-up (run 4 in bench/results/2026-11-27-filtered-search-runs-1-4.md).
 DEFAULT_COSTS = PathCosts(
-    fixed_ms=1.0,
-    exact_row_ms=0.003,
-    bits_row_ms=0.0015,
-    rerank_ms=0.008,
-    graph_fixed_ms=1.5,
-    graph_tuple_ms=0.01,
+    fixed_ms=1.35,
+    exact_row_ms=0.0014,
+    bits_row_ms=0.00035,
+    rerank_ms=0.0065,
+    graph_fixed_ms=2.7,
+    graph_tuple_ms=0.02,
 )
 
 
