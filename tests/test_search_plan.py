@@ -105,6 +105,14 @@ def test_calibration_measures_positive_costs_on_this_table(
         assert getattr(calibrated, name) > 0
     assert calibrated.index_oid > 0
     assert calibrated != search_plan.DEFAULT_COSTS
+    # With what was measured here: a handful of matching rows are ranked exactly, and a level of
+    # 1M rows without a filter walks the graph.
+    few = choose(calibrated, rows=20, level_rows=1_000_000, limit=10, ef_search=200, has_bits=True)
+    assert few.path == "exact"
+    unfiltered = choose(
+        calibrated, rows=1_000_000, level_rows=1_000_000, limit=10, ef_search=200, has_bits=True
+    )
+    assert unfiltered.path == "graph"
 
 
 def test_calibration_stops_taking_probes_past_its_budget(engine: Engine, corpus: Corpus) -> None:
