@@ -50,6 +50,7 @@ import psutil
 from sqlalchemy import Engine
 
 from p2p.embedding_api import vectors
+from p2p.embedding_api.search_plan import RERANK_CANDIDATES, PathName
 from p2p.shared.db.engine import make_engine
 from p2p.shared.embedded import EmbeddedPostgres
 from p2p.shared.settings import DatabaseSettings
@@ -175,6 +176,16 @@ def start_pg(data_dir: Path, settings: dict[str, str]) -> tuple[EmbeddedPostgres
     return pg, make_engine(url, DatabaseSettings())
 
 
+def pg_versions(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return {
+            "pg_version": conn.exec_driver_sql("SHOW server_version").scalar(),
+            "pgvector_version": conn.exec_driver_sql(
+                "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+            ).scalar(),
+        }
+
+
 def rows_of(d: dict[str, Any], start: int, stop: int) -> Iterator[vectors.VectorRow]:
     data, ftype, rare = d["data"], d["figure_type"], d["rare"]
     for i in range(start, stop):
@@ -220,7 +231,7 @@ def pg_queries(
                 k=K,
                 filters=filters,
                 ef_search=ef,
-                exact_below=vectors.EXACT_FILTER_ROWS if hide_index is None else 0,
+                force=None if hide_index is None else "graph",
             )
             if hide_index is None:
                 conn.rollback()
@@ -237,27 +248,26 @@ def bits_vs_exact(
     filters: vectors.SearchFilters,
     truth: np.ndarray,
 ) -> dict[str, Any]:
-    """The filtered product path (sign bits, then an exact rerank) and an exact ranking of every
-    matching row (``RERANK_CANDIDATES`` out of reach), alternating query by query."""
+    """The sign-bit path (then an exact rerank) and an exact ranking of every matching row, each
+    forced, alternating query by query."""
     mask = (1 << 64) - 1
     runs: dict[str, tuple[list[float], list[list[int]]]] = {
         "bits_then_rerank": ([], []),
         "exact_rank": ([], []),
     }
-    default = vectors.RERANK_CANDIDATES
-    try:
-        with engine.connect() as conn:
-            for q in queries:
-                for label, candidates in (("bits_then_rerank", default), ("exact_rank", 10**9)):
-                    vectors.RERANK_CANDIDATES = candidates
-                    t0 = time.perf_counter()
-                    hits = vectors.search(conn, version_id, q, level="region", k=K, filters=filters)
-                    conn.rollback()
-                    runs[label][0].append(time.perf_counter() - t0)
-                    runs[label][1].append([h.item_id.int & mask for h in hits])
-    finally:
-        vectors.RERANK_CANDIDATES = default
-    out: dict[str, Any] = {"rerank_candidates": default, "load_avg_1m": round(os.getloadavg()[0], 2)}
+    forced: dict[str, PathName] = {"bits_then_rerank": "bits", "exact_rank": "exact"}
+    with engine.connect() as conn:
+        for q in queries:
+            for label, path in forced.items():
+                t0 = time.perf_counter()
+                hits = vectors.search(conn, version_id, q, level="region", k=K, filters=filters, force=path)
+                conn.rollback()
+                runs[label][0].append(time.perf_counter() - t0)
+                runs[label][1].append([h.item_id.int & mask for h in hits])
+    out: dict[str, Any] = {
+        "rerank_candidates": RERANK_CANDIDATES,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
     for label, (lat, found) in runs.items():
         out[label] = summarise(lat, found, truth)
     return out
@@ -372,11 +382,7 @@ def main() -> None:
     pg: EmbeddedPostgres | None = None
     try:
         pg, engine = start_pg(tmp / "pg", pg_settings)
-        with engine.connect() as conn:
-            result["pg_version"] = conn.exec_driver_sql("SHOW server_version").scalar()
-            result["pgvector_version"] = conn.exec_driver_sql(
-                "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-            ).scalar()
+        result.update(pg_versions(engine))
         version_id = uuid.uuid4()
         vectors.ensure_table(engine, version_id, args.dim, indexes=False)
 
@@ -460,7 +466,7 @@ def main() -> None:
                     conn.exec_driver_sql(f"DROP INDEX {hide}")
                 # Sets the transaction's hnsw.* settings (iterative scan) the EXPLAIN then runs with.
                 vectors.search(
-                    conn, version_id, queries[0], level="region", k=K, filters=rare_filter, exact_below=0
+                    conn, version_id, queries[0], level="region", k=K, filters=rare_filter, force="graph"
                 )
                 plan = conn.exec_driver_sql(explain, (RARE, queries[0])).fetchall()
                 result[key] = [r[0] if len(r[0]) < 160 else r[0][:150] + " ..." for r in plan]

@@ -190,6 +190,9 @@ class EmbeddingSettings(BaseModel):
     max_text_chars: int = Field(default=2000, ge=1)
     max_images: int = Field(default=64, ge=1)
     max_k: int = Field(default=1000, ge=1)
+    text_cache_entries: int = Field(
+        default=4096, ge=0, le=1_000_000, description="Recent search texts whose embedding is kept (0: none)."
+    )
     hnsw_m: int = Field(default=16, ge=2, le=100)
     hnsw_ef_construction: int = Field(default=64, ge=4, le=1000)
     hnsw_ef_search: int = Field(default=200, ge=1, le=1000)

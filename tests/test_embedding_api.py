@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
@@ -284,6 +285,8 @@ def test_register_and_activate_switch_the_served_model_without_restart(
 
         assert_error(client.post(f"/v1/models/{uuid.uuid4()}/activate"), 404, "not_found")
         assert_error(client.get(f"/v1/models/{uuid.uuid4()}"), 404, "not_found")
+        before = client.app.state.model_state  # type: ignore[attr-defined]
+        before.text_cache.put(before.cache_key, "lung", np.ones(before.dim, dtype=np.float32))
         started = client.post(f"/v1/models/{model['id']}/activate")
         assert started.status_code == 202, started.text
         assert isinstance(runtime.dispatcher, InProcessDispatcher) and runtime.dispatcher.wait_idle(300)
@@ -296,8 +299,13 @@ def test_register_and_activate_switch_the_served_model_without_restart(
         assert row["status"] == "ready" and row["active"] and row["active_in"] == ["default"]
         assert row["progress"]["state"] == "complete" and row["progress"]["done"] == row["progress"]["total"]
         assert [m["id"] for m in client.get("/v1/models").json()] == [model["id"]]
+        # The texts the old model embedded are gone with it; the new model's are cached afresh.
+        served_state = client.app.state.model_state  # type: ignore[attr-defined]
+        assert len(before.text_cache) == 0
+        assert served_state.text_cache.get(served_state.cache_key, "lung") is None
         hits = client.post("/v1/search", json={"text": "lung", "level": "figure"}).json()
         assert hits["model"]["version_id"] == model["id"] and len(hits["hits"]) == 1
+        assert served_state.text_cache.get(served_state.cache_key, "lung") is not None
         assert client.post("/v1/embed/texts", json={"texts": ["a"]}).json()["dim"] == 32
         assert client.get("/readyz").json()["space"]["search"] == "ready"
 
@@ -334,6 +342,17 @@ def test_text_search_returns_hits_with_their_context_at_every_level(corpus: Corp
 
     figures = client.post("/v1/search", json={"text": "lung", "level": "figure", "k": 10}).json()["hits"]
     assert sorted(h["id"] for h in figures) == sorted(corpus.figure_ids)
+
+    # A repeated text (whitespace aside) is served from the cache: the text tower runs once for it.
+    state = client.app.state.model_state  # type: ignore[attr-defined]
+    first = client.post("/v1/search", json={"text": "lung  tissue", "level": "panel", "k": 5}).json()["hits"]
+    embedded = state.batcher.stats_for("texts").items
+    again = client.post("/v1/search", json={"text": "lung\ttissue", "level": "panel", "k": 5}).json()["hits"]
+    assert again == first and state.batcher.stats_for("texts").items == embedded
+    assert state.text_cache.hits >= 1
+    # The search costs were measured on this version's table after start-up.
+    costs = wait_until(lambda: state.search_costs.costs)
+    assert costs.source.startswith("embedding_" + corpus.version_id.hex[:16]) and costs.exact_row_ms > 0
     assert all(h["panel"] is None and h["box"][:2] == [0, 0] for h in figures)
 
     # paging and exact search agree on a small corpus

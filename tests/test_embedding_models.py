@@ -531,3 +531,42 @@ def test_text_padding_is_trimmed_without_changing_the_embedding() -> None:
     with torch.inference_mode():
         full = torch.nn.functional.normalize(model.model.encode_text(tokens).float(), dim=-1).numpy()
     assert np.allclose(model.encode_texts(texts), full, atol=1e-5)
+
+
+def test_a_text_batch_does_not_wait_behind_a_running_image_batch(tiny: EmbeddingModel):
+    """Texts run on a thread of their own, set up by ``text_thread_init``: with the only image
+    worker held inside a batch, a search query's text is still embedded."""
+    import threading
+
+    release = threading.Event()
+    text_threads: list[str] = []
+    initialised: list[str] = []
+
+    class HeldImages(Recorder):
+        def encode_images(self, pics: list[Image.Image]) -> np.ndarray:
+            release.wait(30)
+            return super().encode_images(pics)
+
+        def encode_texts(self, texts: list[str]) -> np.ndarray:
+            text_threads.append(threading.current_thread().name)
+            return super().encode_texts(texts)
+
+    async def run() -> np.ndarray:
+        init = lambda: initialised.append(threading.current_thread().name)  # noqa: E731
+        async with MicroBatcher(
+            HeldImages(tiny), image_workers=1, wait_ms=0, text_thread_init=init
+        ) as batcher:
+            held = asyncio.create_task(batcher.embed_images(images(1, seed=5)))
+            await asyncio.sleep(0.05)
+            try:
+                text = await asyncio.wait_for(batcher.embed_texts(["lung"]), timeout=20)
+                assert not held.done()
+            finally:
+                release.set()
+            await held
+            return text
+
+    got = asyncio.run(run())
+    np.testing.assert_allclose(got, tiny.encode_texts(["lung"]), atol=1e-5)
+    assert text_threads and all(name.startswith("p2p-text") for name in text_threads)
+    assert initialised == text_threads[:1]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine
 
-from p2p.embedding_api import vectors
+from p2p.embedding_api import search_plan, vectors
 from p2p.embedding_api.vectors import SearchFilters, VectorRow
 
 TYPES = ("microscopy", "plot", "blot", "diagram")
@@ -89,13 +89,16 @@ def load(engine: Engine, rows: list[VectorRow], dim: int, *, bulk: bool = True) 
     return Corpus(version_id, dim, rows, matrix, by_level)
 
 
-@pytest.fixture(scope="module")
-def corpus64(engine: Engine) -> Iterator[Corpus]:
-    rng = np.random.default_rng(11)
-    rows = make_rows(rng, 64, {"figure": 300, "panel": 700, "region": 3000})
-    corpus = load(engine, rows, 64)
+def loaded(engine: Engine, seed: int, dim: int, counts: dict[str, int]) -> Iterator[Corpus]:
+    """A corpus of ``make_rows`` for a fixture, its table dropped afterwards."""
+    corpus = load(engine, make_rows(np.random.default_rng(seed), dim, counts), dim)
     yield corpus
     vectors.drop_table(engine, corpus.version_id)
+
+
+@pytest.fixture(scope="module")
+def corpus64(engine: Engine) -> Iterator[Corpus]:
+    yield from loaded(engine, 11, 64, {"figure": 300, "panel": 700, "region": 3000})
 
 
 def queries(corpus: Corpus, level: str, n: int, seed: int = 3) -> np.ndarray:
@@ -252,7 +255,7 @@ def test_selective_filter_through_the_hnsw_index_still_returns_k(engine: Engine,
                 level="region",
                 k=10,
                 filters=SearchFilters(figure_type="rare"),
-                exact_below=0,
+                force="graph",
             )
             assert len(hits) == 10 and {h.item_id for h in hits} <= rare
             assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
@@ -327,12 +330,12 @@ def test_a_filter_estimate_is_asked_once_and_forgotten_with_the_table(
 def test_a_filter_matching_many_rows_ranks_sign_bits_then_reranks_exactly(
     engine: Engine, corpus64: Corpus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past twice the rerank candidates, filtered rows are ranked by the Hamming distance of their
+    """The bits path: filtered rows are ranked by the Hamming distance of their
     stored sign bits (an index-only scan of the covering metadata index) and the best candidates
     exactly; a table without the bits column (made before it existed) is ranked exactly."""
     from sqlalchemy import event
 
-    monkeypatch.setattr(vectors, "RERANK_CANDIDATES", 60)
+    monkeypatch.setattr(search_plan, "RERANK_CANDIDATES", 60)
     filters, keep = FILTER_CASES["figure_type"]
     assert len([r for r in corpus64.by_level["region"] if keep(r)]) > 2 * 200  # 20 x k
     statements: list[str] = []
@@ -347,7 +350,9 @@ def test_a_filter_matching_many_rows_ranks_sign_bits_then_reranks_exactly(
     try:
         with engine.connect() as conn:
             for q in qs:
-                hits = vectors.search(conn, corpus64.version_id, q, level="region", k=10, filters=filters)
+                hits = vectors.search(
+                    conn, corpus64.version_id, q, level="region", k=10, filters=filters, force="bits"
+                )
                 truth = corpus64.exact(q, "region", 10, keep)
                 assert len(hits) == 10 and {h.item_id for h in hits} <= {
                     r.item_id for r in corpus64.rows if keep(r)
@@ -382,7 +387,9 @@ def test_a_filter_matching_many_rows_ranks_sign_bits_then_reranks_exactly(
         event.listen(engine, "before_cursor_execute", record)
         try:
             q = qs[0]
-            hits = vectors.search(conn, corpus64.version_id, q, level="region", k=10, filters=filters)
+            hits = vectors.search(
+                conn, corpus64.version_id, q, level="region", k=10, filters=filters, force="bits"
+            )
         finally:
             event.remove(engine, "before_cursor_execute", record)
         assert ids(hits) == corpus64.exact(q, "region", 10, keep)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -17,13 +18,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from p2p.embedding_api.batching import BatcherStopped, MicroBatcher
+from p2p.embedding_api.calibration import calibrate
 from p2p.embedding_api.deps import ModelState
 from p2p.embedding_api.routes import classify, embed, health, items, models, search
+from p2p.embedding_api.text_cache import TextCache
 from p2p.models.modeling import default_spec, load_model
 from p2p.models.registry import spec_of
 from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers, install_guards, log_startup
@@ -37,6 +41,11 @@ log = logging.getLogger(__name__)
 MULTIPART_OVERHEAD = 1024 * 1024
 STATIC_DIR = Path(__file__).parent / "static"
 REFRESH_INTERVAL_S = 5.0
+# torch's intra-op threads on the text thread: a search embeds one short text, and on two threads
+# MiniLM's batch of one took 10x longer than on one whenever other work held a core (bench/README.md).
+TEXT_THREADS = 1
+# When the search costs are measured again after a version is loaded (see start_calibration).
+RECALIBRATE_AFTER_S = 300.0
 # How long a swapped-out model keeps answering the requests that already hold it.
 RETIRE_GRACE_S = 30.0
 # This service's own routes; the process that serves it may add others' (p2p.apps.embedding).
@@ -65,6 +74,7 @@ def make_batcher(model: Any, settings: EmbeddingSettings) -> MicroBatcher:
         batch_size=settings.batch_size,
         wait_ms=settings.batch_wait_ms,
         image_workers=settings.image_workers,
+        text_thread_init=functools.partial(torch.set_num_threads, TEXT_THREADS),
     )
 
 
@@ -82,7 +92,16 @@ def load_state(runtime: Runtime, space: str) -> ModelState:
                 raise ValueError(f"model gives {model.dim}-d vectors, the version says {version.dim}")
             batcher = make_batcher(model, settings)
             log.info("serving space %s with %s %s (%d-d)", space, version.name, version.version, model.dim)
-            return ModelState(model, batcher, space, version.id, version.name, version.version, model.dim)
+            return ModelState(
+                model,
+                batcher,
+                space,
+                version.id,
+                version.name,
+                version.version,
+                model.dim,
+                text_cache=TextCache(settings.text_cache_entries),
+            )
         except Exception as exc:
             error = f"{version.name} {version.version}: {type(exc).__name__}: {exc}"[:500]
             log.error("cannot load the active model of space %s: %s", space, error)
@@ -91,7 +110,49 @@ def load_state(runtime: Runtime, space: str) -> ModelState:
     batcher = make_batcher(model, settings)
     if error is None:
         log.warning("space %s has no active model version: the default model serves embeds only", space)
-    return ModelState(model, batcher, space, None, spec.name, None, model.dim, load_error=error)
+    return ModelState(
+        model,
+        batcher,
+        space,
+        None,
+        spec.name,
+        None,
+        model.dim,
+        load_error=error,
+        text_cache=TextCache(settings.text_cache_entries),
+    )
+
+
+def calibrate_search(runtime: Runtime, state: ModelState) -> None:
+    """Measure what each search path costs on the state's vector table (blocking, bounded: run it in
+    a thread); until it is done, search plans with the default costs."""
+    if state.version_id is None:
+        return
+    try:
+        costs = calibrate(runtime.engine, state.version_id)
+    except LookupError:
+        return  # no vectors yet: nothing to measure, search answers 503 anyway
+    except Exception:
+        log.exception("calibrating search costs for version %s failed: default costs apply", state.version_id)
+        return
+    state.search_costs.costs = costs
+    log.info("search costs of version %s: %s", state.version_id, costs.as_dict())
+
+
+async def _calibrate_after(runtime: Runtime, state: ModelState, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await asyncio.to_thread(calibrate_search, runtime, state)
+
+
+def start_calibration(
+    runtime: Runtime, state: ModelState, tasks: set[asyncio.Task[None]], *, again_after_s: float
+) -> None:
+    """Calibrate now, and once more after ``again_after_s``: right after loading, the table and its
+    index are mostly not in memory yet, and the graph's costs come out several times too high."""
+    for delay, name in ((0.0, "calibrate"), (again_after_s, "recalibrate")):
+        task = asyncio.create_task(_calibrate_after(runtime, state, delay), name=name)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
 
 async def _retire(state: ModelState, grace_s: float) -> None:
@@ -99,8 +160,11 @@ async def _retire(state: ModelState, grace_s: float) -> None:
     await state.batcher.stop()
 
 
-async def refresh_forever(app: FastAPI, runtime: Runtime, space: str, interval_s: float) -> None:
-    """Swap the served model when the space's active version changes."""
+async def refresh_forever(
+    app: FastAPI, runtime: Runtime, space: str, interval_s: float, calibrations: set[asyncio.Task[None]]
+) -> None:
+    """Swap the served model when the space's active version changes (and measure the search costs
+    on the new version's table)."""
     loaded: uuid.UUID | None = app.state.model_state.version_id
     retiring: set[asyncio.Task[None]] = set()
     while True:
@@ -113,7 +177,9 @@ async def refresh_forever(app: FastAPI, runtime: Runtime, space: str, interval_s
             loaded = wanted  # a version that fails to load is not retried every few seconds
             state = await asyncio.to_thread(load_state, runtime, space)
             state.batcher.start()
+            start_calibration(runtime, state, calibrations, again_after_s=RECALIBRATE_AFTER_S)
             old, app.state.model_state = app.state.model_state, state
+            old.text_cache.clear()  # its texts embed differently under the new model
             task = asyncio.create_task(_retire(old, RETIRE_GRACE_S))
             retiring.add(task)
             task.add_done_callback(retiring.discard)
@@ -165,13 +231,21 @@ def create_app(
         set_process_runtime(rt)
         log_startup(settings, "embedding API")
         refresher: asyncio.Task[None] | None = None
+        calibrations: set[asyncio.Task[None]] = set()
         sweeper = start_embedded_recovery(rt)
         try:
             app.state.model_state = await asyncio.to_thread(load_state, rt, space)
             app.state.model_state.batcher.start()
-            refresher = asyncio.create_task(refresh_forever(app, rt, space, refresh_interval_s))
+            start_calibration(rt, app.state.model_state, calibrations, again_after_s=RECALIBRATE_AFTER_S)
+            refresher = asyncio.create_task(refresh_forever(app, rt, space, refresh_interval_s, calibrations))
             yield
         finally:
+            # A running calibration is bounded (calibration.BUDGET_S): it finishes before the engine
+            # closes; one still waiting for its turn is dropped.
+            for task in calibrations:
+                if task.get_name() == "recalibrate":
+                    task.cancel()
+            await asyncio.gather(*calibrations, return_exceptions=True)
             if sweeper is not None:
                 sweeper.stop()
             if refresher is not None:

@@ -8,7 +8,8 @@ batches run at once, each on its own executor thread (the model is loaded with i
 threads divided among them). A small model on a few cores gets more from batches side by side, each
 on one core, than from one batch split over the cores, whose parallel regions wait on every core
 and stall when the decoding and resizing beside the model take one of them. The executor has one
-thread per image worker, so a text batch waits for a free thread as before.
+thread per image worker. Text batches run on a thread of their own (``text_thread_init`` sets its
+intra-op threads), so a search query's text never waits behind image batches.
 
 The wait is only for gathering a batch when the model was idle: requests that queued up while the
 model was busy go into the next batch at once, so under load the model never idles for
@@ -122,6 +123,7 @@ class MicroBatcher:
         executor: ThreadPoolExecutor | None = None,
         prepare_workers: int = PREPARE_WORKERS,
         image_workers: int = 1,
+        text_thread_init: Callable[[], object] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -137,6 +139,8 @@ class MicroBatcher:
         self.prepare_workers = max(1, int(prepare_workers))
         self.image_workers = int(image_workers)
         self._prepare_pool: ThreadPoolExecutor | None = None
+        self.text_thread_init = text_thread_init
+        self._text_executor: ThreadPoolExecutor | None = None
         self._lanes: dict[str, _Lane] = {}
         self._running = False
 
@@ -153,6 +157,10 @@ class MicroBatcher:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=self.image_workers, thread_name_prefix="p2p-embed"
+            )
+        if self._own_executor and self._text_executor is None:
+            self._text_executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="p2p-text", initializer=self.text_thread_init
             )
         previous = self._lanes
         self._lanes = {
@@ -191,6 +199,9 @@ class MicroBatcher:
         if self._own_executor and self._executor is not None:
             self._executor.shutdown(wait=False)  # a running batch finishes on its own
             self._executor = None
+        if self._text_executor is not None:
+            self._text_executor.shutdown(wait=False)
+            self._text_executor = None
         if self._prepare_pool is not None:
             self._prepare_pool.shutdown(wait=False)
             self._prepare_pool = None
@@ -310,7 +321,8 @@ class MicroBatcher:
                 continue
             items = [item for s in batch for item in s.request.items[s.start : s.end]]
             try:
-                vectors = await loop.run_in_executor(self._executor, lane.call, items)
+                executor = self._text_executor if lane.kind == "texts" else None
+                vectors = await loop.run_in_executor(executor or self._executor, lane.call, items)
                 vectors = np.asarray(vectors, dtype=np.float32)
                 if vectors.ndim != 2 or vectors.shape[0] != len(items):
                     raise RuntimeError(

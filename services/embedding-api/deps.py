@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
+from p2p.embedding_api.search_plan import CostSlot
+from p2p.embedding_api.text_cache import TextCache
 from p2p.shared.deps import AdminPrincipal, ReadPrincipal, RuntimeDep, SessionDep, SettingsDep
 from p2p.shared.errors import ServiceUnavailable
 
@@ -29,6 +31,14 @@ class ModelState:
     version: str | None
     dim: int
     load_error: str | None = None
+    # What each search path costs on this version's table, filled in by a calibration after load.
+    search_costs: CostSlot = field(default_factory=CostSlot)
+    # Embeddings of recent text queries of this model (a new state starts empty).
+    text_cache: TextCache = field(default_factory=TextCache)
+
+    @property
+    def cache_key(self) -> str:
+        return self.version_id.hex if self.version_id is not None else f"default:{self.name}"
 
     def require_space(self) -> uuid.UUID:
         if self.version_id is None:

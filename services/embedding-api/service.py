@@ -33,6 +33,7 @@ from p2p.embedding_api.schemas import (
     SearchCreate,
     SearchPublic,
 )
+from p2p.embedding_api.search_plan import PathCosts
 from p2p.shared.db.models import Article, Figure, Panel, Region
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable
 from p2p.shared.images import inspect_image
@@ -208,6 +209,15 @@ def stored_vector(engine: Engine, *, version_id: uuid.UUID, level: str, item_id:
 # --- search ----------------------------------------------------------------------------------------
 
 
+async def text_vector(state: ModelState, text: str) -> np.ndarray:
+    """The query text's embedding: from the state's cache when this model embedded it recently."""
+    vector = state.text_cache.get(state.cache_key, text)
+    if vector is None:
+        vector = (await state.batcher.embed_texts([text]))[0]
+        state.text_cache.put(state.cache_key, text, vector)
+    return vector
+
+
 async def query_vector(
     *,
     runtime: Runtime,
@@ -226,7 +236,7 @@ async def query_vector(
         raise InvalidInput("box crops an uploaded image; send an image with it", error_type="invalid_box")
     if body.text is not None:
         (text,) = check_texts([body.text], settings=runtime.settings, what="text")
-        return (await state.batcher.embed_texts([text]))[0], {"text": text}, None
+        return await text_vector(state, text), {"text": text}, None
     if image is not None:
         described: dict[str, Any] = {"image": f"{image.width}x{image.height}"}
         if box is not None:
@@ -254,6 +264,7 @@ def find_hits(
     body: SearchCreate,
     ef_search: int,
     exclude: tuple[str, uuid.UUID] | None,
+    costs: PathCosts | None = None,
 ) -> list[vectors.Hit]:
     """Nearest items; a query item is left out of its own results (pages stay contiguous)."""
     filters = vectors.SearchFilters(
@@ -278,6 +289,7 @@ def find_hits(
                 filters=filters,
                 exact=body.exact,
                 ef_search=max(ef_search, min(body.k + body.offset, 1000)),
+                costs=costs,
             )
     except LookupError as exc:
         raise ServiceUnavailable(str(exc), error_type="space_not_ready") from exc
@@ -416,6 +428,7 @@ async def search(
             body=body,
             ef_search=runtime.settings.embedding.hnsw_ef_search,
             exclude=exclude,
+            costs=state.search_costs.costs,
         )
         with runtime.session() as session:
             return enrich(session, hits)
