@@ -184,12 +184,18 @@ def configure_logging(
     service: str,
     level: str | int | None = None,
     stream: IO[str] | None = None,
-) -> logging.Handler:
-    """Install the process's log handler on the root logger (again: replaces the previous one)."""
+    force: bool = False,
+) -> logging.Handler | None:
+    """Install the process's log handler on the root logger (again: replaces the previous one).
+
+    Like ``logging.basicConfig`` it leaves alone a process whose root logger someone else set up
+    (a test runner capturing logs) unless ``force``; returns None then."""
+    root = logging.getLogger()
+    if not force and any(not isinstance(h, _P2PHandler) for h in root.handlers):
+        return None
     fmt = resolve_format(settings)
     handler = _P2PHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter(service=service) if fmt == "json" else TextFormatter())
-    root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _P2PHandler)]:
         root.removeHandler(old)
     root.addHandler(handler)

@@ -110,7 +110,9 @@ def test_uvicorn_access_lines_go_through_the_same_json_format() -> None:
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
     try:
-        configure_logging(Settings(logging={"format": "json"}), service="ingest-api", stream=stream)
+        configure_logging(
+            Settings(logging={"format": "json"}), service="ingest-api", stream=stream, force=True
+        )
         with logs.bound(request_id="req-3"):
             logging.getLogger("uvicorn.access").info(
                 '%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "GET", "/healthz", "1.1", 200

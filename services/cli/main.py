@@ -65,7 +65,7 @@ _runtime = open_runtime
 
 
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+def main(ctx: typer.Context, verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     from p2p.shared import logs
 
     try:
@@ -74,8 +74,8 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> N
         settings = None
     logs.configure_logging(settings, service="cli", level=logging.INFO if verbose else logging.WARNING)
     # One id per command: the jobs it creates carry it, as an API request's carry the request's.
-    logs.clear()
-    logs.bind(request_id=f"cli-{logs.new_request_id()}")
+    token = logs.bind(request_id=f"cli-{logs.new_request_id()}")
+    ctx.call_on_close(lambda: logs.unbind(token))
 
 
 @app.command()
