@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
+from celery.signals import celeryd_after_setup, setup_logging, worker_ready, worker_shutting_down
 
 from p2p.apps.tasks import register_tasks
 from p2p.mining.tasks import get_miner, prepare_worker_process
+from p2p.shared.logs import configure_logging
 from p2p.shared.queue import (
     MINING_LVLM_QUEUE,
     MINING_QUEUE,
@@ -22,8 +23,17 @@ from p2p.shared.queue import (
 from p2p.shared.settings import get_settings
 
 configure_celery(get_settings())
+configure_logging(get_settings(), service="worker")
 register_tasks()
 import_task_modules()
+
+
+@setup_logging.connect
+def _keep_project_logging(**_: Any) -> None:
+    # Connected, this signal tells Celery not to install handlers of its own: the worker's lines
+    # (Celery's included) keep the project's format and carry each task's context. The level is
+    # P2P_LOG_LEVEL's, not --loglevel's.
+    configure_logging(get_settings(), service="worker")
 
 
 @celeryd_after_setup.connect

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from p2p.shared.errors import P2PError, error_body
+from p2p.shared.logs import REQUEST_ID_HEADER, bind, new_request_id, unbind, valid_request_id
 from p2p.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -332,6 +333,10 @@ ERROR_SCHEMA: dict[str, Any] = {
                 "message": {"type": "string"},
                 "type": {"type": "string", "description": "Stable machine-readable reason."},
                 "code": {"type": "integer", "description": "The HTTP status."},
+                "request_id": {
+                    "type": "string",
+                    "description": "The request's id (its X-Request-ID header): its log lines carry it.",
+                },
             },
         }
     },
@@ -448,6 +453,47 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+_REQUEST_ID_HEADER = REQUEST_ID_HEADER.lower().encode()
+
+
+class RequestIds:
+    """Gives every request an id: the client's ``X-Request-ID`` when it is a safe one (bounded, a
+    plain charset), else a new one. The id is in the log context for the whole request (every log
+    line, the rows it creates, the tasks it queues), in the error envelope, and sent back in the
+    response's ``X-Request-ID``. Installed last (:func:`install_request_ids`), so it is outermost
+    and every answer, a guard's refusal included, carries it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._with_id(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _with_id(self, scope: Scope, receive: Receive, send: Send) -> None:
+        given = next((v for k, v in scope.get("headers", []) if k == _REQUEST_ID_HEADER), b"")
+        request_id = valid_request_id(given.decode("latin-1")) or new_request_id()
+        header = (_REQUEST_ID_HEADER, request_id.encode())
+
+        async def with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), header]}
+            await send(message)
+
+        token = bind(request_id=request_id)
+        try:
+            await self.app(scope, receive, with_id)
+        finally:
+            unbind(token)
+
+
+def install_request_ids(app: FastAPI) -> None:
+    """Call after every other middleware: the request id must wrap them all."""
+    app.add_middleware(RequestIds)
 
 
 # "testclient" is the peer Starlette's in-process test client reports; no socket peer can be named so.

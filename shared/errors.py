@@ -1,16 +1,23 @@
 """Errors that reach clients, and the one function that shapes them.
 
-Every API error body is ``{"error": {"message": str, "type": str, "code": int}}``: ``type`` is a
-stable machine-readable reason (``corrupt_image``, ``payload_too_large``...), ``code`` the HTTP status.
+Every API error body is ``{"error": {"message": str, "type": str, "code": int, "request_id": str}}``:
+``type`` is a stable machine-readable reason (``corrupt_image``, ``payload_too_large``...), ``code``
+the HTTP status, ``request_id`` the id to find the request's log lines by (also in ``X-Request-ID``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from p2p.shared.logs import current_request_id
+
 
 def error_body(*, message: str, error_type: str, status_code: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "code": status_code}}
+    error: dict[str, Any] = {"message": message, "type": error_type, "code": status_code}
+    request_id = current_request_id()
+    if request_id is not None:
+        error["request_id"] = request_id
+    return {"error": error}
 
 
 class P2PError(Exception):

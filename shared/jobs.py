@@ -37,6 +37,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from urllib3.exceptions import HTTPError as Urllib3HTTPError
 
+from p2p.shared import logs
 from p2p.shared.db.base import utcnow
 from p2p.shared.db.models import (
     Batch,
@@ -243,13 +244,27 @@ def emit(runtime: Any, event: JobEvent) -> None:
         event.job_id,
         event.event,
         f": {event.reason}" if event.reason else "",
-        extra={"job": {k: v for k, v in event.__dict__.items() if v is not None}},
+        extra=_event_fields(event),
     )
     for observer in getattr(runtime, "job_observers", ()):
         try:
             observer(event)
         except Exception:
             log.exception("job observer %r failed on %s", observer, event)
+
+
+def _event_fields(event: JobEvent) -> dict[str, Any]:
+    """The event as flat log fields (the JSON lines' job_kind, job_id, outcome, durations...)."""
+    fields = {
+        "job_kind": event.kind,
+        "job_id": str(event.job_id),
+        "outcome": event.event,
+        "attempt": event.attempt,
+        "queued_s": event.queued_s,
+        "running_s": event.running_s,
+        "reason": event.reason,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -292,7 +307,7 @@ class Lease:
 def claim(runtime: Any, kind: JobKind, job_id: uuid.UUID) -> Iterator[Lease | None]:
     """Lock the job and take its lease for the block; yields None when another worker holds it."""
     lease_s = float(runtime.settings.queue.lease_s)
-    with runtime.engine.connect() as lock_conn:
+    with logs.bound(job_kind=kind.name, job_id=str(job_id)), runtime.engine.connect() as lock_conn:
         key = kind.lock_key(job_id)
         locked = bool(lock_conn.scalar(select(func.pg_try_advisory_lock(key))))
         lock_conn.commit()
@@ -449,9 +464,52 @@ def _reindex_failed(session: Session, version: ModelVersion) -> None:
 _failed_extra: dict[str, Callable[[Session, Any], None]] = {"reindex": _reindex_failed}
 
 
+def retry_failed(runtime: Any, kind: JobKind, job_id: uuid.UUID, *, reason: str = "retried") -> bool:
+    """A failed job back to queued and sent to its queue again (``p2p jobs retry``); False when it
+    is not failed (any more). Its attempts and last error stay until a worker starts it; a broker
+    that cannot take it now leaves it queued, and the recovery sweep sends it later."""
+    with runtime.session() as session:
+        row = session.get(kind.model, job_id, with_for_update=True)
+        if row is None or kind.phase(row) is not Phase.FAILED:
+            return False
+        row.status = kind.queued_status
+        row.lease_owner = row.lease_expires_at = row.enqueued_at = None
+        if hasattr(type(row), "finished_at"):
+            row.finished_at = None
+        if kind.on_state is not None:
+            kind.on_state(session, row, Phase.QUEUED)
+        extra = _retry_extra.get(kind.name)
+        if extra is not None:
+            extra(session, row)
+        session.commit()  # queued before it is sent: the worker that takes it finds it so
+        try:
+            if send(runtime, kind, row):
+                session.commit()
+        except Exception as exc:
+            log.warning("%s job %s is queued again but could not be sent yet: %s", kind.name, job_id, exc)
+    emit(runtime, JobEvent(kind.name, job_id, "requeued", reason=reason))
+    return True
+
+
+def _reindex_retried(session: Session, version: ModelVersion) -> None:
+    from p2p.shared.db.models import EmbeddingSpace
+
+    version.progress = {**(version.progress or {}), "state": "queued"}
+    space = session.get(EmbeddingSpace, (version.progress or {}).get("space", "default"))
+    if space is not None and space.pending_version_id is None:
+        space.pending_version_id = version.id
+
+
+_retry_extra: dict[str, Callable[[Session, Any], None]] = {"reindex": _reindex_retried}
+
+
 def send(runtime: Any, kind: JobKind, row: Row) -> bool:
-    """Hand the job to its queue and note when; raises when the broker cannot take it."""
-    accepted = bool(runtime.dispatcher.send(kind.task_name, args=kind.task_args(row), queue=kind.queue(row)))
+    """Hand the job to its queue and note when; raises when the broker cannot take it. The task
+    carries the request id of the job (whoever sends it: the sweep, an operator's retry)."""
+    with logs.bound(request_id=getattr(row, "request_id", None)):
+        accepted = bool(
+            runtime.dispatcher.send(kind.task_name, args=kind.task_args(row), queue=kind.queue(row))
+        )
     if accepted:
         row.enqueued_at = utcnow()
     return accepted

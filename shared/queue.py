@@ -6,6 +6,7 @@ Postgres. In the embedded profile the same task code runs on an in-process threa
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Iterable
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 
 from celery import Celery
 
+from p2p.shared.logs import TASK_HEADER, current_request_id
 from p2p.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,12 @@ def import_task_modules() -> None:
     celery_app.loader.import_default_modules()
 
 
+def task_headers() -> dict[str, str]:
+    """Message headers of a task sent here and now: the request id it works for (see p2p.shared.logs)."""
+    request_id = current_request_id()
+    return {TASK_HEADER: request_id} if request_id is not None else {}
+
+
 class TaskDispatcher(Protocol):
     def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
         """Hand a task over; False when nothing can run it here yet."""
@@ -122,7 +130,9 @@ class CeleryDispatcher:
         with self._pool.acquire(block=True, timeout=10) as conn:
             conn.ensure_connection(max_retries=2, interval_start=0.2, timeout=5)
             limits = time_limits(self.settings, queue) if self.settings is not None else {}
-            self.app.send_task(task_name, args=args, queue=queue, connection=conn, **limits)
+            self.app.send_task(
+                task_name, args=args, queue=queue, connection=conn, headers=task_headers(), **limits
+            )
         return True
 
     def ping(self) -> None:
@@ -158,12 +168,13 @@ class InProcessDispatcher:
             return False
         with self._lock:
             self._pending += 1
-        self._pool.submit(self._run, task, args)
+        # A fresh context per task: the task's log context never leaks into the pool's thread.
+        self._pool.submit(contextvars.Context().run, self._run, task, args, task_headers())
         return True
 
-    def _run(self, task: Any, args: list[Any]) -> None:
+    def _run(self, task: Any, args: list[Any], headers: dict[str, str]) -> None:
         try:
-            result = task.apply(args=args)
+            result = task.apply(args=args, headers=headers)
             if result.failed():
                 log.error("in-process task %s%s failed: %s", task.name, args, result.result)
         finally:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from sqlalchemy import func, select, update
 
+from p2p.shared import logs
 from p2p.shared.db.base import utcnow
 from p2p.shared.jobs import KINDS, JobEvent, JobKind, Phase, emit, mark_failed, send, stalled
 
@@ -229,7 +230,8 @@ def resend_if_stalled(session: Any, *, dispatcher: Any, settings: Any, kind: Job
             kind.on_state(session, row, Phase.QUEUED)
     elif phase is not Phase.QUEUED or reason is None:
         return None
-    accepted = dispatcher.send(kind.task_name, args=kind.task_args(row), queue=kind.queue(row))
+    with logs.bound(request_id=row.request_id):
+        accepted = dispatcher.send(kind.task_name, args=kind.task_args(row), queue=kind.queue(row))
     if accepted:
         row.enqueued_at = now
     return reason

@@ -200,6 +200,14 @@ class EmbeddingSettings(BaseModel):
     crop_url_ttl_s: int = Field(default=3600, ge=60, description="Lifetime of presigned crop URLs (S3).")
 
 
+class LoggingSettings(BaseModel):
+    format: Literal["json", "text"] | None = Field(
+        default=None,
+        description="json: one JSON object per line (containers); text: plain lines (development). "
+        "Empty: json in the production profile, text in the embedded one.",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="P2P_", env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -208,6 +216,7 @@ class Settings(BaseSettings):
     profile: Literal["embedded", "production"] = "embedded"
     data_dir: Path = Path(".p2p-data")
     log_level: str = "INFO"
+    logging: LoggingSettings = LoggingSettings()
     db: DatabaseSettings = DatabaseSettings()
     redis: RedisSettings = RedisSettings()
     s3: S3Settings = S3Settings()

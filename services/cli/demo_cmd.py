@@ -226,23 +226,30 @@ def _show_search(runtime: Any, spec: Any, version_id: uuid.UUID) -> None:
 def serve_both(settings: Settings, *, host: str, port: int) -> bool:
     """Serve the ingest API on ``port`` and the embedding API with the viewer on ``port + 1`` in one
     event loop until Ctrl-C (or SIGTERM) stops both; False when either could not start."""
-    import logging
-
     import uvicorn
 
     from p2p.apps.embedding import embedding_app  # lazy: it loads torch, which `p2p --help` need not wait for
     from p2p.apps.ingest import ingest_app
     from p2p.cli.main import _refuse_open_bind_without_keys, _runtime
+    from p2p.shared.logs import clear as clear_log_context
+    from p2p.shared.logs import configure_logging
 
     _refuse_open_bind_without_keys(settings, host)
-    logging.getLogger().setLevel(settings.log_level)
+    configure_logging(settings, service="demo")
+    clear_log_context()  # a server's lines carry each request's id, not the command's
     level = settings.log_level.lower()
     # One runtime for both: one embedded database handle, one task pool.
     runtime = _runtime(settings)
     servers = [
-        uvicorn.Server(uvicorn.Config(ingest_app(runtime=runtime), host=host, port=port, log_level=level)),
         uvicorn.Server(
-            uvicorn.Config(embedding_app(runtime=runtime), host=host, port=port + 1, log_level=level)
+            uvicorn.Config(
+                ingest_app(runtime=runtime), host=host, port=port, log_level=level, log_config=None
+            )
+        ),
+        uvicorn.Server(
+            uvicorn.Config(
+                embedding_app(runtime=runtime), host=host, port=port + 1, log_level=level, log_config=None
+            )
         ),
     ]
     out.print(

@@ -15,6 +15,7 @@ from p2p.cli.common import open_runtime, settings_or_exit
 from p2p.cli.consoles import make_console
 from p2p.cli.demo_cmd import demo
 from p2p.cli.eval_retrieval_cmd import eval_retrieval
+from p2p.cli.jobs_cmd import jobs_app
 from p2p.cli.mine_cmd import mine
 from p2p.cli.models_cmd import models_app
 from p2p.cli.progress import LineProgress, progress
@@ -23,7 +24,7 @@ from p2p.cli.train_cmd import train_app
 from p2p.mining import remine
 from p2p.shared.db.models import BatchKind
 from p2p.shared.runtime import Runtime
-from p2p.shared.settings import Settings
+from p2p.shared.settings import Settings, get_settings
 
 app = typer.Typer(
     help="Panel2Patch: mine biomedical figures into figure/panel/region image-text pairs.",
@@ -39,6 +40,7 @@ eval_app = typer.Typer(help="Evaluate mining and retrieval.", no_args_is_help=Tr
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
 app.add_typer(train_app, name="train")
+app.add_typer(jobs_app, name="jobs")
 eval_app.command("retrieval")(eval_retrieval)
 app.command("mine")(mine)
 app.command("recover")(recover)
@@ -63,11 +65,17 @@ _runtime = open_runtime
 
 
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def main(ctx: typer.Context, verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    from p2p.shared import logs
+
+    try:
+        settings: Settings | None = get_settings()
+    except Exception:  # told by the command that needs the settings (settings_or_exit)
+        settings = None
+    logs.configure_logging(settings, service="cli", level=logging.INFO if verbose else logging.WARNING)
+    # One id per command: the jobs it creates carry it, as an API request's carry the request's.
+    token = logs.bind(request_id=f"cli-{logs.new_request_id()}")
+    ctx.call_on_close(lambda: logs.unbind(token))
 
 
 @app.command()
@@ -405,7 +413,9 @@ def _refuse_open_bind_without_keys(settings: Settings, host: str) -> None:
         raise typer.Exit(2)
 
 
-def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | None) -> None:
+def _serve(
+    create_app: Callable[[Settings], Any], host: str | None, port: int | None, *, service: str
+) -> None:
     """Run one service API with uvicorn; without API keys only on a loopback address."""
     import uvicorn
 
@@ -413,8 +423,14 @@ def _serve(create_app: Callable[[Settings], Any], host: str | None, port: int | 
     host = host or settings.server.host
     port = port if port is not None else settings.server.port
     _refuse_open_bind_without_keys(settings, host)
-    logging.getLogger().setLevel(settings.log_level)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+    from p2p.shared import logs
+
+    logs.configure_logging(settings, service=service)
+    logs.clear()  # a server's lines carry each request's id, not the command's
+    # log_config=None: uvicorn's access and error lines go through the process's handler and format.
+    uvicorn.run(
+        create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), log_config=None
+    )
 
 
 @serve_app.command("ingest")
@@ -425,7 +441,7 @@ def serve_ingest(
     """Serve the ingest API (OpenAPI docs at /docs)."""
     from p2p.apps.ingest import ingest_app  # lazy, as the other commands' heavier imports
 
-    _serve(ingest_app, host, port)
+    _serve(ingest_app, host, port, service="ingest-api")
 
 
 @serve_app.command("embedding-api")
@@ -438,7 +454,7 @@ def serve_embedding_api(
     """Serve the embedding and retrieval API and its web viewer (at /)."""
     from p2p.apps.embedding import embedding_app  # lazy: it loads torch, which `p2p --help` need not wait for
 
-    _serve(embedding_app, host, port)
+    _serve(embedding_app, host, port, service="embedding-api")
 
 
 @eval_app.command("mining")

@@ -30,7 +30,14 @@ from p2p.embedding_api.routes import classify, embed, health, items, models, sea
 from p2p.embedding_api.text_cache import TextCache
 from p2p.models.modeling import default_spec, load_model
 from p2p.models.registry import spec_of
-from p2p.shared.api import BodySizeLimit, error_response, install_error_handlers, install_guards, log_startup
+from p2p.shared.api import (
+    BodySizeLimit,
+    error_response,
+    install_error_handlers,
+    install_guards,
+    install_request_ids,
+    log_startup,
+)
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
 from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
@@ -275,6 +282,7 @@ def create_app(
         app, auth_required=settings.auth_required, csp_paths=("/static/", "/figures/"), img_hosts=img_hosts
     )
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
+    install_request_ids(app)
     for router in routers:
         app.include_router(router)
     mount_viewer(app)

@@ -38,4 +38,4 @@ def embed_figures_task(self: EmbeddingTask, figure_ids: list[str]) -> None:
     from p2p.embedding_api.indexing import embed_figures
 
     written = embed_figures(self.runtime, [uuid.UUID(f) for f in figure_ids])
-    log.info("embedded %d items of %d figures", written, len(figure_ids))
+    log.info("embedded %d items of %d figures", written, len(figure_ids), extra={"figure_ids": figure_ids})

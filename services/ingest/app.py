@@ -9,7 +9,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from p2p.ingest.routes import batches, crops, figures, health, jobs
-from p2p.shared.api import BodySizeLimit, install_error_handlers, install_guards, log_startup
+from p2p.shared.api import (
+    BodySizeLimit,
+    install_error_handlers,
+    install_guards,
+    install_request_ids,
+    log_startup,
+)
 from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import Settings, get_settings
@@ -52,6 +58,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         max_body_bytes=body_cap,
         per_path={"/v1/batches/upload": settings.ingest.max_package_upload_bytes + MULTIPART_OVERHEAD},
     )
+    install_request_ids(app)
     for module in (health, figures, crops, jobs, batches):
         app.include_router(module.router)
     return app

@@ -111,7 +111,7 @@ def ingest_figure(
             record(session, existing, True)
         session.commit()
         _dispatch(session, dispatcher, job, settings=settings)
-        return IngestOutcome(figure=existing, job=job, duplicate=True)
+        return _stored(IngestOutcome(figure=existing, job=job, duplicate=True))
 
     key = content_key(digest.sha256, info.extension)
     # Content-addressed: writing the same bytes to the same key again is harmless, so no HEAD first.
@@ -155,10 +155,27 @@ def ingest_figure(
             record(session, raced, True)
         session.commit()
         _dispatch(session, dispatcher, job, settings=settings)
-        return IngestOutcome(figure=raced, job=job, duplicate=True)
+        return _stored(IngestOutcome(figure=raced, job=job, duplicate=True))
     session.commit()
     _dispatch(session, dispatcher, job, settings=settings)
-    return IngestOutcome(figure=figure, job=job, duplicate=False)
+    return _stored(IngestOutcome(figure=figure, job=job, duplicate=False))
+
+
+def _stored(outcome: IngestOutcome) -> IngestOutcome:
+    log.info(
+        "figure %s %s; mining job %s %s",
+        outcome.figure.id,
+        "was stored before" if outcome.duplicate else "stored",
+        outcome.job.id,
+        outcome.job.status,
+        extra={
+            "figure_id": str(outcome.figure.id),
+            "job_kind": MINING.name,
+            "job_id": str(outcome.job.id),
+            "outcome": "duplicate" if outcome.duplicate else "stored",
+        },
+    )
+    return outcome
 
 
 class PutInBackground:

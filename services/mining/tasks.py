@@ -63,7 +63,8 @@ def mine_figure_task(self: MiningTask, job_id: str) -> None:
     else:
         miner.ensure_ready()  # the model server must be up before this worker takes the figure
     outcome = mine_job(self.runtime, uuid.UUID(job_id), miner, fallback=fallback)
-    log.info("mining job %s: %s", job_id, outcome)
+    figure_id = str(outcome.figure_id) if outcome.figure_id is not None else None
+    log.info("mining job %s: %s", job_id, outcome, extra={"figure_id": figure_id, "outcome": outcome.status})
     if outcome.figure_id is not None:
         # New panels and regions join the active (and any pending) embedding space.
         self.runtime.dispatcher.send(

@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from p2p.shared.db.base import Base, TimestampMixin, new_id
+from p2p.shared.logs import current_request_id
 
 
 def _enum(cls: type[enum.Enum], name: str) -> Enum:
@@ -97,6 +98,8 @@ class LeaseMixin:
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The request (or CLI call) that created the job, from the log context: its logs carry it too.
+    request_id: Mapped[str | None] = mapped_column(String(64), default=current_request_id)
 
 
 class Article(TimestampMixin, Base):
@@ -145,6 +148,7 @@ class Figure(TimestampMixin, Base):
     status: Mapped[FigureStatus] = mapped_column(
         _enum(FigureStatus, "figure_status"), default=FigureStatus.QUEUED, nullable=False, index=True
     )
+    request_id: Mapped[str | None] = mapped_column(String(64), default=current_request_id)  # who stored it
 
     @property
     def mining_error(self) -> str | None:
