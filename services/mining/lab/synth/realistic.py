@@ -52,7 +52,8 @@ class RealisticOptions:
     transparent: bool | None = None  # RGBA with a transparent background (PNG figures only)
     labelled: bool | None = None
     kinds: tuple[str, ...] | None = None  # the blocks, in reading order (labelled figures)
-    jpeg_quality: int | None = None  # JPEG round trip (web copies always get one)
+    jpeg: bool | None = None  # JPEG round trip (web copies always get one unless told False)
+    jpeg_quality: int | None = None  # its quality (implies jpeg unless jpeg is False)
 
 
 def _options(options: dict[str, Any]) -> RealisticOptions:
@@ -215,8 +216,10 @@ def _finish(
     if quality is None and (size_class == "web" or rng.random() < 0.3):
         quality = int(rng.integers(55, 92))
     transparent = opts.transparent if opts.transparent is not None else bool(rng.random() < 0.25)
-    if opts.transparent and opts.jpeg_quality is None:
-        quality = None  # asked for a transparent PNG: no JPEG round trip
+    if opts.jpeg is False or (opts.transparent and opts.jpeg is None and opts.jpeg_quality is None):
+        quality = None  # told no JPEG, or asked for a transparent PNG
+    elif opts.jpeg and quality is None:
+        quality = int(rng.integers(55, 92))
     transparent = transparent and quality is None
     if quality is not None:
         buffer = io.BytesIO()
