@@ -44,11 +44,16 @@ def synthetic_set(work: Path, profile: str, seed: int, count: int) -> Path:
 
 
 def mine_folder(folder: Path, names: list[str], cache: Path) -> dict[str, tuple[Any, float]]:
-    """name -> (MiningResult, CPU seconds), mined once and kept in ``cache``."""
-    if cache.is_file():
-        done: dict[str, tuple[Any, float]] = pickle.loads(cache.read_bytes())
-        if set(names) <= set(done):
-            return done
+    """name -> (MiningResult, CPU seconds), kept in ``cache`` every few figures (a stopped run
+    resumes where it was)."""
+    done: dict[str, tuple[Any, float]] = pickle.loads(cache.read_bytes()) if cache.is_file() else {}
+    todo = [name for name in names if name not in done]
+    if todo:
+        _mine_into(folder, todo, done, cache)
+    return {name: done[name] for name in names}
+
+
+def _mine_into(folder: Path, names: list[str], done: dict[str, tuple[Any, float]], cache: Path) -> None:
     import cv2
     import torch
     from PIL import Image
@@ -60,15 +65,14 @@ def mine_folder(folder: Path, names: list[str], cache: Path) -> dict[str, tuple[
     torch.set_num_threads(1)
     annotations = json.loads((folder / "annotations.json").read_text())
     miner = CpuMiner()
-    out: dict[str, tuple[Any, float]] = {}
-    for name in names:
+    for k, name in enumerate(names, 1):
         with Image.open(folder / name) as img:
             image = np.asarray(flatten_on_white(img))
         started = time.process_time()
         result = miner.mine(image, annotations[name].get("caption") or "")
-        out[name] = (result, time.process_time() - started)
-    cache.write_bytes(pickle.dumps(out))
-    return out
+        done[name] = (result, time.process_time() - started)
+        if k % 10 == 0 or k == len(names):
+            cache.write_bytes(pickle.dumps(done))
 
 
 def _recall_by(
@@ -114,7 +118,8 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
         "too_many": counts["too_many"],
         "too_few": counts["too_few"],
         "labels": report["label_accuracy"],
-        "buckets": report["buckets"],
+        "buckets": report["buckets"]["counts"],
+        "misses": report["buckets"]["misses"],
     }
 
 
@@ -157,7 +162,7 @@ def table(report: dict[str, Any]) -> str:
         + " | ".join(BUCKETS)
         + " | CPU s median |"
     )
-    rows = [head, "|" + "---|" * 2 + "---:|" * (10 + len(BUCKETS))]
+    rows = [head, "|" + "---|" * 2 + "---:|" * (9 + len(BUCKETS))]
     for name in SETS:
         r = report[name]
         buckets = " | ".join(str(r["buckets"].get(b, 0)) for b in BUCKETS)
@@ -205,15 +210,25 @@ def main() -> None:
         "--realistic-seed", type=int, default=20261127, help="held out: tune on no figure of it"
     )
     parser.add_argument("--classic-seed", type=int, default=424242)
+    parser.add_argument(
+        "--classic-count", type=int, default=None, help="figures of the classic set (default --count)"
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, help="mine and score the first N realistic figures"
+    )
+    parser.add_argument("--classic-limit", type=int, default=None, help="the same for the classic set")
     parser.add_argument("--out", type=Path, default=Path("synth-vs-real.json"))
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     from p2p.mining.lab.synth.dataset import load_annotations
 
     report: dict[str, Any] = {}
-    for profile, seed in (("realistic", args.realistic_seed), ("classic", args.classic_seed)):
-        folder = synthetic_set(args.work, profile, seed, args.count)
-        names = sorted(load_annotations(folder))
+    for profile, seed, count, limit in (
+        ("realistic", args.realistic_seed, args.count, args.limit),
+        ("classic", args.classic_seed, args.classic_count or args.count, args.classic_limit),
+    ):
+        folder = synthetic_set(args.work, profile, seed, count)
+        names = sorted(load_annotations(folder))[:limit]
         started = time.perf_counter()
         mined = mine_folder(folder, names, args.work / f"mined-{folder.name}.pkl")
         print(f"{profile}: mined {len(names)} in {time.perf_counter() - started:.0f} s wall", flush=True)
