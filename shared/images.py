@@ -76,6 +76,23 @@ class _KeepOpen:
         pass
 
 
+TRANSPARENT_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
+
+
+def flatten_on_white(image: Image.Image) -> Image.Image:
+    """The image in RGB as it shows on a white page: transparent parts become white.
+
+    Figures are made to be read on white paper, and exporters store a transparent pixel's colour
+    as black, so dropping the alpha channel (``convert("RGB")``) would turn a transparent
+    background black. Every decode that feeds the miner goes through here.
+    """
+    if image.mode in TRANSPARENT_MODES or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        page = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(page, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
 def _corrupt(message: str) -> InvalidInput:
     return InvalidInput(f"image data is truncated or corrupt: {message}", error_type="corrupt_image")
 

@@ -52,13 +52,10 @@ def load_rgb(path: Path) -> np.ndarray:
     """The image as RGB; transparent parts laid on white, as a reader sees them on a page."""
     from PIL import Image
 
+    from p2p.shared.images import flatten_on_white
+
     with Image.open(path) as img:
-        img.load()
-        if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
-            rgba = img.convert("RGBA")
-            canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            return np.asarray(Image.alpha_composite(canvas, rgba).convert("RGB"))
-        return np.asarray(img.convert("RGB"))
+        return np.asarray(flatten_on_white(img))
 
 
 def figure_json(path: Path, caption: str, result: MiningResult, miner_version: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from p2p.shared.db.models import (
     Region,
     RegionKind,
 )
+from p2p.shared.images import flatten_on_white
 from p2p.shared.runtime import Runtime
 from p2p.shared.storage import ObjectStore, put_bytes
 
@@ -255,7 +256,7 @@ def _decode(data: bytes) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
-            return np.asarray(img.convert("RGB"))
+            return np.asarray(flatten_on_white(img))
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise PermanentMiningError(f"stored image cannot be decoded: {exc}") from exc
 

@@ -39,6 +39,7 @@ from p2p.mining.cpu.markers.rules import detect_markers
 from p2p.mining.regions import MENTION_KINDS
 from p2p.mining.types import Marker
 from p2p.shared.geometry import Box, contains_point, from_inclusive, iou
+from p2p.shared.images import flatten_on_white
 
 LENIENT_MARGIN = 0.03  # of the panel diagonal, around a predicted target box
 STRICT_RADIUS = 0.05  # of the panel diagonal, between predicted and true target points
@@ -136,7 +137,8 @@ def evaluate(directory: Path, *, use_net: bool = True) -> Report:
         path = directory / name
         if not path.exists():
             continue
-        image = np.asarray(Image.open(path).convert("RGB"))
+        with Image.open(path) as img:
+            image = np.asarray(flatten_on_white(img))
         report.figures += 1
         markers = [m for m in fig.get("markers", []) if m.get("context", "image") == "image"]
         extras = fig.get("extra_markers", [])

@@ -21,6 +21,7 @@ from PIL import Image
 
 from p2p.mining.types import PanelCandidate
 from p2p.shared import geometry
+from p2p.shared.images import flatten_on_white
 
 IOU_LEVELS = (0.5, 0.75, 0.9)
 
@@ -63,7 +64,7 @@ def error_kind(truth: geometry.Box, predicted: list[geometry.Box]) -> str:
 
 def load_image(path: Path) -> np.ndarray:
     with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"))
+        return np.asarray(flatten_on_white(img))
 
 
 def _prf(true_pos: int, predicted: int, truth: int) -> dict[str, float]:

@@ -28,6 +28,7 @@ from p2p.mining.lab.eval_detection import (
 )
 from p2p.mining.types import MiningResult
 from p2p.shared import geometry
+from p2p.shared.images import flatten_on_white
 
 IOU_LEVELS = (0.5, 0.75, 0.9)
 MARKER_MARGIN = 0.03  # of the panel diagonal: how far outside a target box a GT point may lie
@@ -196,7 +197,7 @@ def evaluate_folder(
     for name in names:
         truth = annotations[name]
         with Image.open(folder / name) as img:
-            image = np.asarray(img.convert("RGB"))
+            image = np.asarray(flatten_on_white(img))
         caption = truth.get("caption") or truth.get("full_caption") or ""
         started = time.perf_counter()
         result = miner(image, caption)

@@ -61,12 +61,20 @@ def _axes_rect(
 
 
 def render_plot(
-    rng: np.random.Generator, w: int, h: int, kind: str | None = None, engine: str | None = None
+    rng: np.random.Generator,
+    w: int,
+    h: int,
+    kind: str | None = None,
+    engine: str | None = None,
+    *,
+    title: bool = True,
 ) -> tuple[np.ndarray, Info]:
     """A plot panel drawn into ``w`` x ``h`` pixels and cropped to its ink.
 
     ``engine`` "matplotlib" (all kinds) or "pil" (a plainer, faster look for bar/line/scatter plots);
-    by default about a third of bar/line/scatter plots use the PIL engine.
+    by default about a third of bar/line/scatter plots use the PIL engine. ``title=False`` never
+    draws the title a quarter of matplotlib plots get (the real set's conventions keep a title
+    above the axes out of the panel's box); the draw from ``rng`` happens either way.
     """
     w, h = max(40, int(w)), max(40, int(h))
     kind = kind or vocab.pick(rng, PLOT_KINDS)
@@ -97,17 +105,17 @@ def render_plot(
         canvas = FigureCanvasAgg(fig)
         right_extra = fs_px * 5.0 if kind == "heatmap" else 0.0
         rotate = kind in ("bar", "box") and rng.random() < 0.3
-        title = rng.random() < 0.25
+        titled = bool(rng.random() < 0.25) and title
         info["rotate"] = rotate
         bottom_extra = fs_px * 2.5 if rotate else 0.0
-        ax = fig.add_axes(_axes_rect(w, h, fs_px, right_extra, bottom_extra, title))
+        ax = fig.add_axes(_axes_rect(w, h, fs_px, right_extra, bottom_extra, titled))
         if kind != "heatmap":
             ax.yaxis.set_major_locator(MaxNLocator(int(rng.integers(3, 6))))
         if kind != "heatmap" and rng.random() < 0.6:
             ax.spines["top"].set_visible(False)
             ax.spines["right"].set_visible(False)
         _draw_kind(ax, fig, rng, kind, palette, groups, quantity_axis, info)
-        if title:
+        if titled:
             ax.set_title(vocab.pick(rng, vocab.PROTEINS), fontsize=fs_pt)
         for lab in (*ax.get_xticklabels(), *ax.get_yticklabels()):
             lab.set_clip_on(False)

@@ -56,6 +56,18 @@ NOTES = {
 }
 
 
+REALISTIC_PANEL_NOTE = (
+    "As in the real set's _notes: one entry per printed label in reading order (label null when the "
+    "figure has none; then each visually separate panel is one, a lone diagram one). box = the "
+    "union of the image extents for images (a grid of sub-images under one letter is ONE panel), "
+    "everything printed under the letter for blots (lane table, band names, kDa marks), the ink of "
+    "plots and diagrams; mixed content is typed by the larger part, subtypes lists both. Row and "
+    "column headers, headings, subplot titles and colour bars are not in box; outer_box (present "
+    "only when it differs) takes them in. synth.blocks records each panel's parts (subimages, "
+    "headers, colour_bar, subplots, titles, chart, blot) and its heading."
+)
+
+
 def figure_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0] & 0x7FFFFFFF)
 
@@ -72,6 +84,7 @@ def write_dataset(
     rescale_fraction: float = 0.6,
     prefix: str = "synth",
     figure_options: dict[str, Any] | None = None,
+    profile: str = "classic",
 ) -> list[Path]:
     """Generate ``count`` figures; returns the image paths in order. Deterministic by ``seed``.
 
@@ -79,9 +92,15 @@ def write_dataset(
     is rescaled by a factor from ``scale_range``; with probability ``jpeg_fraction`` it is written as
     JPEG with a quality from ``jpeg_quality_range`` (a third of those are JPEG-compressed twice, as a
     re-published figure is), else as PNG.
+
+    ``profile="realistic"`` writes that profile's figures instead; they choose their own size and
+    JPEG round trip (the size, scale and JPEG arguments do not apply): a figure that went through
+    JPEG is written as JPEG at its quality, the others as PNG (RGBA when transparent).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if profile == "realistic":
+        return _write_realistic(out, count, seed, prefix=prefix, figure_options=figure_options or {})
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5EED]))
     annotations: dict[str, Any] = {
         "_source": f"p2p.mining.synth write_dataset(count={count}, seed={seed}, size={size[0]}x{size[1]})",
@@ -98,19 +117,47 @@ def write_dataset(
         options = dict(figure_options or {})
         options.update(width=size[0], height=size[1], scale=round(scale, 4), jpeg_quality=pre_quality)
         image, gt = generate_figure(fseed, **options)
-        name = f"{prefix}_{i:0{max(width, 5)}d}"
-        path = out / (name + (".jpg" if as_jpeg else ".png"))
-        if as_jpeg:
-            image.save(path, format="JPEG", quality=quality)
-        else:
-            image.save(path, format="PNG", compress_level=3)
         gt["synth"]["file_jpeg_quality"] = quality if as_jpeg else None
-        (out / f"{name}.json").write_text(json.dumps(gt, ensure_ascii=False, indent=1), encoding="utf-8")
-        annotations[path.name] = gt
-        paths.append(path)
+        name = f"{prefix}_{i:0{max(width, 5)}d}"
+        paths.append(_save(out, name, image, gt, quality if as_jpeg else None, annotations))
+    _save_annotations(out, annotations)
+    return paths
+
+
+def _save(
+    out: Path, name: str, image: Any, gt: dict[str, Any], quality: int | None, annotations: dict[str, Any]
+) -> Path:
+    """Write NAME.jpg (at ``quality``) or NAME.png and NAME.json; record the entry."""
+    path = out / (name + (".jpg" if quality is not None else ".png"))
+    if quality is not None:
+        image.save(path, format="JPEG", quality=quality)
+    else:
+        image.save(path, format="PNG", compress_level=3)
+    (out / f"{name}.json").write_text(json.dumps(gt, ensure_ascii=False, indent=1), encoding="utf-8")
+    annotations[path.name] = gt
+    return path
+
+
+def _save_annotations(out: Path, annotations: dict[str, Any]) -> None:
     (out / "annotations.json").write_text(
         json.dumps(annotations, ensure_ascii=False, indent=1), encoding="utf-8"
     )
+
+
+def _write_realistic(
+    out: Path, count: int, seed: int, *, prefix: str, figure_options: dict[str, Any]
+) -> list[Path]:
+    annotations: dict[str, Any] = {
+        "_source": f"p2p.mining.synth write_dataset(count={count}, seed={seed}, profile=realistic)",
+        "_notes": {**NOTES, "panels": REALISTIC_PANEL_NOTE},
+    }
+    paths: list[Path] = []
+    width = max(len(str(max(count - 1, 0))), 5)
+    for i in range(count):
+        image, gt = generate_figure(figure_seed(seed, i), profile="realistic", **figure_options)
+        name = f"{prefix}_{i:0{width}d}"
+        paths.append(_save(out, name, image, gt, gt["synth"]["jpeg_quality"], annotations))
+    _save_annotations(out, annotations)
     return paths
 
 

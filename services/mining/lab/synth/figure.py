@@ -25,8 +25,10 @@ from p2p.mining.lab.synth.util import (
     scale_point,
     to_inclusive,
     translate,
+    weighted,
 )
 
+PROFILES = ("classic", "realistic")
 GENERATOR_VERSION = "2"  # 2: only bare letters and numbers are circled
 PANEL_TYPE_NAMES = ("image", "plot", "schematic", "table")
 STYLE_WEIGHTS = {
@@ -124,10 +126,7 @@ class _Panel:
     row: int = 0
 
 
-def _weighted(rng: np.random.Generator, table: dict[str, float]) -> str:
-    keys = list(table)
-    w = np.array([table[k] for k in keys], dtype=np.float64)
-    return keys[int(rng.choice(len(keys), p=w / w.sum()))]
+_weighted = weighted
 
 
 def _options(options: dict[str, Any]) -> FigureOptions:
@@ -154,7 +153,17 @@ def generate_figure(seed: int, **options: Any) -> tuple[Image.Image, dict[str, A
     height, panels, label_boxes, markers, extra_markers, scale_bars, subcaptions, subcaption_pieces,
     caption, title, article_url, license, image_url, notes), boxes inclusive, plus marker
     ``target_box``/``direction_deg`` and a ``synth`` block recording how the figure was made.
+
+    ``profile="realistic"`` draws figures composed as real ones are instead (``realistic.py``;
+    its own options, see ``RealisticOptions``); the default "classic" profile is unchanged.
     """
+    profile = options.pop("profile", "classic")
+    if profile == "realistic":
+        from p2p.mining.lab.synth.realistic import generate_realistic
+
+        return generate_realistic(seed, **options)
+    if profile != "classic":
+        raise ValueError(f"profile must be one of {PROFILES}, not {profile!r}")
     opts = _options(options)
     rng = np.random.default_rng(seed)
     W, H = int(opts.width), int(opts.height)

@@ -104,3 +104,10 @@ def paste_alpha(canvas: np.ndarray, x: int, y: int, color: Sequence[int], alpha:
     region = canvas[y0:y1, x0:x1].astype(np.float32)
     col = np.asarray(color, dtype=np.float32)[None, None, :]
     canvas[y0:y1, x0:x1] = np.clip(region * (1.0 - a) + col * a + 0.5, 0, 255).astype(np.uint8)
+
+
+def weighted(rng: np.random.Generator, table: dict[str, float]) -> str:
+    """One key of ``table`` drawn with probability proportional to its value."""
+    keys = list(table)
+    w = np.array([table[k] for k in keys], dtype=np.float64)
+    return keys[int(rng.choice(len(keys), p=w / w.sum()))]
