@@ -30,12 +30,13 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from p2p.mining.cpu.imaging import ink_mask, tight_box
+from p2p.mining.cpu.imaging import INK_THRESHOLD, CornerGlyph, ink_mask, tight_box
+from p2p.mining.cpu.labels.read import read_glyphs
+from p2p.mining.cpu.panel_type import default_classifier
 from p2p.mining.types import LabelDetection, PanelCandidate
 from p2p.shared.geometry import Box
 
 # Tuned on real-dev "tune" only (bench/README.md, real figures); every value is a general rule.
-INK_THRESHOLD = 225  # darkest channel below this is ink (gutters): the segmenter's threshold
 FAINT_THRESHOLD = 240  # ... and for a panel's extent, where pale renderings count
 DENSE_KERNEL = 0.012  # of the part's longer side: a square pictures fill and text does not
 MIN_PICTURE_SHARE = 0.01  # of the content box: a smaller dense block is a bar or a glyph
@@ -191,9 +192,6 @@ def _lone_glyphs(ink: np.ndarray, factor: int, h: float, taken: list[Box]) -> li
 
 def _read_glyphs(image: np.ndarray, boxes: list[IntBox], factor: int) -> list[LabelDetection]:
     """What the label recogniser reads in each glyph box (figure pixels), where it reads a label."""
-    from p2p.mining.cpu.imaging import INK_THRESHOLD, CornerGlyph
-    from p2p.mining.cpu.labels.read import read_glyphs
-
     if not boxes:
         return []
     gray = cv2.cvtColor(np.ascontiguousarray(image[..., :3]), cv2.COLOR_RGB2GRAY)
@@ -408,8 +406,6 @@ def _owned_box(
 def _chart(image: np.ndarray, factor: int, block: IntBox) -> bool:
     """Whether a dense block (working scale) is a chart, a heat map's cells: dense like a
     picture, but a plot, whose tick labels and colour bar belong in its box."""
-    from p2p.mining.cpu.panel_type import default_classifier
-
     x1, y1, x2, y2 = (v * factor for v in block)
     kind, _ = default_classifier().classify(np.ascontiguousarray(image[y1:y2, x1:x2, :3]))
     return kind == "plot"
