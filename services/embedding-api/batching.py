@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -122,6 +123,7 @@ class MicroBatcher:
         executor: ThreadPoolExecutor | None = None,
         prepare_workers: int = PREPARE_WORKERS,
         image_workers: int = 1,
+        observe: Callable[[str, int, float], None] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -139,6 +141,8 @@ class MicroBatcher:
         self._prepare_pool: ThreadPoolExecutor | None = None
         self._lanes: dict[str, _Lane] = {}
         self._running = False
+        # Told (kind, items, model seconds) after each model call that worked: metrics plug in here.
+        self.observe = observe
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -310,7 +314,9 @@ class MicroBatcher:
                 continue
             items = [item for s in batch for item in s.request.items[s.start : s.end]]
             try:
+                called = time.perf_counter()
                 vectors = await loop.run_in_executor(self._executor, lane.call, items)
+                model_s = time.perf_counter() - called
                 vectors = np.asarray(vectors, dtype=np.float32)
                 if vectors.ndim != 2 or vectors.shape[0] != len(items):
                     raise RuntimeError(
@@ -330,6 +336,8 @@ class MicroBatcher:
             lane.stats.batches += 1
             lane.stats.items += len(items)
             lane.stats.max_batch = max(lane.stats.max_batch, len(items))
+            if self.observe is not None:
+                self.observe(lane.kind, len(items), model_s)
             offset = 0
             for segment in batch:
                 rows = vectors[offset : offset + segment.size]
