@@ -18,6 +18,7 @@ from p2p.cli.eval_retrieval_cmd import eval_retrieval
 from p2p.cli.mine_cmd import mine
 from p2p.cli.models_cmd import models_app
 from p2p.cli.progress import LineProgress, progress
+from p2p.cli.queues_cmd import queues
 from p2p.cli.recover_cmd import recover
 from p2p.cli.train_cmd import train_app
 from p2p.mining import remine
@@ -42,6 +43,7 @@ app.add_typer(train_app, name="train")
 eval_app.command("retrieval")(eval_retrieval)
 app.command("mine")(mine)
 app.command("recover")(recover)
+app.command("queues")(queues)
 app.command("demo")(demo)
 
 

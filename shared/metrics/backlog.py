@@ -7,6 +7,7 @@ server): nothing here holds a socket that a forked pool child could inherit and 
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import threading
@@ -20,7 +21,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.pool import NullPool
 
 from p2p.shared.db.base import utcnow
-from p2p.shared.db.models import Figure
+from p2p.shared.db.models import Figure, FigureStatus
 from p2p.shared.jobs import KINDS, JobKind
 from p2p.shared.metrics import broker
 from p2p.shared.settings import Settings
@@ -114,6 +115,14 @@ def _stuck_counts(conn: Any, kind: JobKind, limit_s: float | None) -> dict[str, 
     return counts
 
 
+def _status_counts(conn: Any, model: Any, statuses: type[enum.Enum]) -> dict[str, int]:
+    """Rows per status, every status present (0 when none): a series never vanishes."""
+    counts = dict.fromkeys((str(status.value) for status in statuses), 0)
+    for status, count in conn.execute(select(model.status, func.count()).group_by(model.status)):
+        counts[str(status.value)] = int(count)
+    return counts
+
+
 def job_families(engine: Engine, settings: Settings) -> list[Metric]:
     jobs = GaugeMetricFamily(
         "p2p_jobs", "Durable jobs, by kind and stored status.", labels=["kind", "status"]
@@ -126,14 +135,12 @@ def job_families(engine: Engine, settings: Settings) -> list[Metric]:
     figures = GaugeMetricFamily("p2p_figures", "Figures, by status.", labels=["status"])
     with engine.connect() as conn:
         for name, kind in KINDS.items():
-            for status, count in conn.execute(
-                select(kind.model.status, func.count()).group_by(kind.model.status)
-            ):
-                jobs.add_metric([name, str(status.value)], count)
+            for status, count in _status_counts(conn, kind.model, type(kind.queued_status)).items():
+                jobs.add_metric([name, status], count)
             for reason, count in _stuck_counts(conn, kind, _limit_s(settings, name)).items():
                 stuck.add_metric([name, reason], count)
-        for status, count in conn.execute(select(Figure.status, func.count()).group_by(Figure.status)):
-            figures.add_metric([str(status.value)], count)
+        for status, count in _status_counts(conn, Figure, FigureStatus).items():
+            figures.add_metric([status], count)
     return [jobs, stuck, figures]
 
 

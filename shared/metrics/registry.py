@@ -7,7 +7,14 @@ they live in the process. Gauges that several processes set say how to combine t
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, values
+
+# prometheus_client picks file-backed values when it is imported, from PROMETHEUS_MULTIPROC_DIR; a
+# worker may import it before it sets that folder, so the choice is made again here, before any
+# metric exists.
+values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+# The *_created samples double every scrape's size and no dashboard reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Seconds from a millisecond to ten minutes: requests, tasks and mining stages alike.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)

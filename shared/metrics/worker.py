@@ -91,9 +91,13 @@ def _queue_of(task: Any) -> str:
     return str(info.get("routing_key") or "unknown")
 
 
-def task_started(task_id: str | None = None, **_: Any) -> None:
+def task_started(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    from p2p.shared.metrics import registry as m
+
     if task_id is not None:
         _started[task_id] = time.perf_counter()
+    # The retry counter exists (at 0) from a task's first run: rate() sees its first retry.
+    m.TASK_RETRIES.labels(_queue_of(task), str(getattr(task, "name", "unknown")))
 
 
 def task_ended(task_id: str | None = None, task: Any = None, state: str | None = None, **_: Any) -> None:
