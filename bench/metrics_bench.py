@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -66,6 +67,7 @@ RESULTS = ROOT / "bench" / "results"
 CLIENTS = 8
 SCRAPE_EVERY_S = 5.0
 PANEL_SIZE = (160, 120)
+BASE_FIGURES = 50
 DEFAULT_ARMS = {"on": {"P2P_METRICS__ENABLED": "true"}, "off": {"P2P_METRICS__ENABLED": "false"}}
 
 
@@ -211,10 +213,21 @@ async def post_all(url: str, bodies: list[tuple[bytes, str]]) -> list[int]:
 
 
 def figure_bodies(count: int) -> list[tuple[bytes, str]]:
+    """``count`` distinct JPEGs: ``BASE_FIGURES`` synthetic figures (making one takes most of a second
+    on a busy machine), each copy with a comment segment of its own, so no two share a sha256."""
+    bases = [make_figure(seed, panel_size=PANEL_SIZE) for seed in range(min(count, BASE_FIGURES))]
     bodies = []
-    for seed in range(count):
-        sample = make_figure(seed, panel_size=PANEL_SIZE)
-        bodies.append(multipart_body(sample.image, sample.caption, sample.name))
+    for index in range(count):
+        sample = bases[index % len(bases)]
+        payload = f"panel2patch metrics bench #{index}".encode()
+        image = (
+            sample.image[:2]
+            + b"\xff\xfe"
+            + (len(payload) + 2).to_bytes(2, "big")
+            + payload
+            + sample.image[2:]
+        )
+        bodies.append(multipart_body(image, sample.caption, f"figure_{index:05d}.jpg"))
     return bodies
 
 
@@ -378,6 +391,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     figures = args.figures or (5000 if args.mode == "load" else 400)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stop still stops the servers
     workdir = Path(tempfile.mkdtemp(prefix="p2p-metrics-bench-"))
     workdir.chmod(0o755)
     log(f"{args.mode}: {figures} figures; servers in {workdir}")
