@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from p2p.apps.embedding import embedding_app
 from p2p.apps.ingest import ingest_app
+from p2p.cli.queues_cmd import consumers_by_queue
 from p2p.ingest.samples import make_figure
 from p2p.mining.jobs import mine_job
 from p2p.mining.lvlm.miner import LvlmMiner
@@ -359,6 +360,8 @@ def test_every_dashboard_query_names_metrics_and_labels_that_the_scrapes_hold(
         wait_for(lambda: mined(stack.runtime.engine, figures), TIMEOUT_S, "the worker to mine every figure")
         wait_for(lambda: worker_answers(stack.metrics_port), TIMEOUT_S, "the worker's metrics server")
         worker = parse(scrape_worker(stack.metrics_port))
+        consumers = consumers_by_queue(configure_celery(stack.settings), 10.0)  # as `p2p queues` asks
+        assert consumers == {"mining": 1, "ingest": 1}, consumers
         # 2. In this process: an LVLM job (simulated model server), a re-index, a training progress
         # report; each reaches the metrics through the durable-job observer of the runtime.
         lvlm_job(stack, sim, cpu_miner, lvlm_dataset, lvlm_entries, client)
