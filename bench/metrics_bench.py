@@ -360,6 +360,55 @@ def account(urls: list[str]) -> dict[str, Any]:
     return found
 
 
+# --- the cost of each metric call, in this process -------------------------------------------
+
+
+def micro(calls: int = 20000) -> dict[str, float]:
+    """CPU microseconds per request (middleware bookkeeping), per finished mining job (the observer,
+    with a job's real stage timings) and per task (the two Celery signal handlers)."""
+    from p2p.shared.jobs import JobEvent
+    from p2p.shared.metrics import worker
+    from p2p.shared.metrics.http import HttpMetrics
+    from p2p.shared.metrics.jobs import JobMetrics
+
+    class Route:
+        path = "/v1/figures"
+
+    class Task:
+        name = "p2p.mining.mine_figure"
+
+        class request:  # the shape of a Celery task's request
+            delivery_info = {"routing_key": "mining"}
+
+    middleware = HttpMetrics(lambda *_: None, service="ingest")  # type: ignore[arg-type]
+    scope = {"type": "http", "method": "POST", "route": Route()}
+    stages = {s: 0.01 for s in ("segment", "labels", "markers", "regions", "captions", "crops")}
+    event = JobEvent("mining", uuid.uuid4(), "succeeded", 1, running_s=0.5,
+                     details={"backend": "cpu", "stage_seconds": stages, "cost": {}})  # fmt: skip
+    observer, task = JobMetrics(), Task()
+
+    def per_call(step: Any) -> float:
+        started = time.process_time()
+        for _ in range(calls):
+            step()
+        return round(1e6 * (time.process_time() - started) / calls, 2)
+
+    def request() -> None:
+        middleware.in_flight.inc()
+        middleware.in_flight.dec()
+        middleware._record(scope, 202, 21000, 0.01)
+
+    def task_run() -> None:
+        worker.task_started(task_id="t", task=task)
+        worker.task_ended(task_id="t", task=task, state="SUCCESS")
+
+    return {
+        "request_us": per_call(request),
+        "mining_job_event_us": per_call(lambda: observer(event)),
+        "task_us": per_call(task_run),
+    }
+
+
 # --- the two benchmarks -----------------------------------------------------------------------
 
 
@@ -383,13 +432,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("mode", choices=["load", "overhead"])
+    parser.add_argument("mode", choices=["load", "overhead", "micro"])
     parser.add_argument("--figures", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=1, help="overhead: ABBA blocks")
     parser.add_argument(
         "--arms", type=json.loads, default=DEFAULT_ARMS, help="overhead: {name: env}, A first"
     )
     args = parser.parse_args()
+    if args.mode == "micro":
+        log(json.dumps(micro()))
+        return 0
     figures = args.figures or (5000 if args.mode == "load" else 400)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stop still stops the servers
     workdir = Path(tempfile.mkdtemp(prefix="p2p-metrics-bench-"))
