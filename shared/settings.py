@@ -213,6 +213,11 @@ class MetricsSettings(BaseModel):
     cache_s: float = Field(
         default=5.0, ge=0, description="How long queue and job gauges read at a scrape are reused."
     )
+    worker_backlog: bool = Field(
+        default=False,
+        description="Workers also serve the queue and job gauges (the ingest API always does); on for a "
+        "deployment whose Prometheus scrapes no ingest API.",
+    )
 
 
 class Settings(BaseSettings):

@@ -317,6 +317,7 @@ def stack(
         "P2P_MINING__TORCH_THREADS": "1",
         "P2P_METRICS__WORKER_PORT": str(port),
         "P2P_METRICS__CACHE_S": "0",
+        "P2P_METRICS__WORKER_BACKLOG": "true",
     }
     worker = Worker("mining,ingest", env, tmp_path / "worker.log").start()
     try:

@@ -3,8 +3,8 @@ metrics server.
 
 Pool processes are forked from the worker's main process, so each writes its values to files in
 the multiprocess folder (``PROMETHEUS_MULTIPROC_DIR``), which :func:`prepare_multiproc_dir` sets
-before any metric exists. The main process serves the sum of them all on the metrics port, beside
-the queue and job gauges that only it reads (``backlog``), with connections of its own.
+before any metric exists. The main process serves the sum of them all on the metrics port (and, with
+``worker_backlog``, the queue and job gauges that only it reads, with connections of its own).
 
 Files of processes that are gone stay while the worker runs, so counters never go backwards;
 their live gauges (requests in flight) are dropped at each scrape. A worker that starts removes the
@@ -148,7 +148,8 @@ class MetricsServer:
         registry.register(DeadProcessSweep(self.path))
         MultiProcessCollector(registry, str(self.path))  # type: ignore[no-untyped-call]
         db_url = self.settings.db.url
-        registry.register(backlog_collector(self.settings, OwnEngine(db_url) if db_url else None))
+        if self.settings.metrics.worker_backlog:  # off by default: every worker would read the same
+            registry.register(backlog_collector(self.settings, OwnEngine(db_url) if db_url else None))
         host, port = self.settings.metrics.worker_host, self.settings.metrics.worker_port
         try:
             self._server, _ = start_http_server(port, addr=host, registry=registry)
