@@ -8,11 +8,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.signals import celeryd_after_setup, setup_logging, worker_ready, worker_shutting_down
+from celery.signals import (
+    celeryd_after_setup,
+    celeryd_init,
+    setup_logging,
+    worker_ready,
+    worker_shutting_down,
+)
 
 from p2p.apps.tasks import register_tasks
 from p2p.mining.tasks import get_miner, prepare_worker_process
 from p2p.shared.logs import configure_logging
+from p2p.shared.metrics import worker as worker_metrics
 from p2p.shared.queue import (
     MINING_LVLM_QUEUE,
     MINING_QUEUE,
@@ -51,6 +58,22 @@ def _preload_models(sender: str, instance: Any, **_: Any) -> None:
 
 
 _sweepers: list[Any] = []
+_metrics_servers: list[worker_metrics.MetricsServer] = []
+_metrics_dirs: list[Any] = []
+
+
+@celeryd_init.connect
+def _prepare_metrics(**_: Any) -> None:
+    # In the worker's main process only (not in `celery inspect`), before the pool forks.
+    path = worker_metrics.install(get_settings())
+    if path is not None:
+        _metrics_dirs.append(path)
+
+
+@worker_ready.connect
+def _serve_metrics(**_: Any) -> None:
+    if _metrics_dirs:
+        _metrics_servers.append(worker_metrics.MetricsServer(get_settings(), _metrics_dirs[0]).start())
 
 
 @worker_ready.connect
@@ -67,6 +90,8 @@ def _start_recovery_sweep(sender: Any = None, **_: Any) -> None:
 def _stop_recovery_sweep(**_: Any) -> None:
     while _sweepers:
         _sweepers.pop().stop()
+    while _metrics_servers:
+        _metrics_servers.pop().stop()
 
 
 __all__ = ["celery_app"]

@@ -93,7 +93,7 @@ class Phase(enum.StrEnum):
         return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED)
 
 
-EventName = Literal["started", "succeeded", "failed", "retry", "requeued", "skipped"]
+EventName = Literal["started", "succeeded", "failed", "retry", "requeued", "skipped", "progress"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,8 @@ class JobEvent:
     queued_s: float | None = None
     running_s: float | None = None
     reason: str | None = None
+    # What the kind measured (a mining job's stage times and LVLM cost, a training run's losses...).
+    details: dict[str, Any] | None = None
 
 
 class JobObserver(Protocol):
@@ -135,6 +137,8 @@ class JobKind:
     active_statuses: tuple[Any, ...] = ()
     # started_at is the latest attempt's start (else the first attempt's).
     restart_clock: bool = False
+    # What a succeeded job's event reports beside its times (read from the finished row).
+    details: Callable[[Row], dict[str, Any]] | None = None
 
     def lock_key(self, job_id: uuid.UUID) -> int:
         digest = hashlib.blake2b(self.name.encode() + job_id.bytes, digest_size=8).digest()
@@ -187,6 +191,7 @@ MINING = JobKind(
     on_state=_figure_follows,
     active_statuses=(JobStatus.QUEUED, JobStatus.RUNNING),
     restart_clock=True,
+    details=lambda job: {"backend": job.backend, "stage_seconds": job.stage_timings, "cost": job.cost},
 )
 INGEST_BATCH = JobKind(
     name="ingest_batch",
@@ -211,6 +216,10 @@ REINDEX = JobKind(
     running_status=ModelStatus.INDEXING,
     failed_status=ModelStatus.FAILED,
     active_statuses=(ModelStatus.INDEXING,),
+    details=lambda version: {
+        "items": (version.progress or {}).get("done"),
+        "seconds": (version.progress or {}).get("elapsed_s"),
+    },
 )
 TRAINING = JobKind(
     name="training",
@@ -236,7 +245,9 @@ KINDS: dict[str, JobKind] = {kind.name: kind for kind in (INGEST_BATCH, MINING, 
 
 
 def emit(runtime: Any, event: JobEvent) -> None:
-    level = logging.WARNING if event.event in ("failed", "requeued") else logging.INFO
+    level = {"failed": logging.WARNING, "requeued": logging.WARNING, "progress": logging.DEBUG}.get(
+        event.event, logging.INFO
+    )
     log.log(
         level,
         "job %s %s %s%s",
@@ -397,6 +408,7 @@ def finish(session: Session, lease: Lease, row: Row, *, status: Any, phase: Phas
     if lease.kind.on_state is not None:
         lease.kind.on_state(session, row, phase)
     event: EventName = "succeeded" if phase is Phase.SUCCEEDED else "failed"
+    details = lease.kind.details(row) if lease.kind.details is not None and phase is Phase.SUCCEEDED else None
     session.info.setdefault("job_events", []).append(
         JobEvent(
             lease.kind.name,
@@ -405,6 +417,7 @@ def finish(session: Session, lease: Lease, row: Row, *, status: Any, phase: Phas
             row.attempts or 0,
             running_s=round(time.monotonic() - lease.started, 3),
             reason=getattr(row, "error", None),
+            details=details,
         )
     )
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from celery import Celery
+from celery.signals import before_task_publish
 
 from p2p.shared.logs import TASK_HEADER, current_request_id
 from p2p.shared.settings import Settings
@@ -83,8 +85,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+PUBLISHED_HEADER = "p2p_published_at"
+
+
+def stamp_published(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """``before_task_publish`` handler: the publish time travels with the message, so the age of a
+    queue's oldest message can be read from the broker (``p2p.shared.metrics.broker``)."""
+    if headers is not None:
+        headers.setdefault(PUBLISHED_HEADER, time.time())
+
+
 def configure_celery(settings: Settings) -> Celery:
     celery_app.conf.update(celery_config(settings))
+    before_task_publish.connect(stamp_published, weak=False, dispatch_uid="p2p-published-at")
     return celery_app
 
 

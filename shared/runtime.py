@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from p2p.shared.db import migrate
 from p2p.shared.db.engine import make_engine, make_session_factory
 from p2p.shared.embedded import EmbeddedPostgres
+from p2p.shared.metrics.jobs import JobMetrics
 from p2p.shared.queue import CeleryDispatcher, InProcessDispatcher, TaskDispatcher, configure_celery
 from p2p.shared.ratelimit import MemoryWindow, RateLimiter, RedisWindow
 from p2p.shared.settings import Settings, get_settings
@@ -143,6 +144,7 @@ def build_runtime(settings: Settings, *, in_process_tasks: bool | None = None) -
         store=store,
         dispatcher=dispatcher,
         embedded_pg=embedded_pg,
+        job_observers=[JobMetrics()] if settings.metrics.enabled else [],
     )
 
 

@@ -208,6 +208,29 @@ class LoggingSettings(BaseModel):
     )
 
 
+class MetricsSettings(BaseModel):
+    """Prometheus metrics: ``/metrics`` on the APIs' own port, a port of their own on workers."""
+
+    enabled: bool = Field(default=True, description="Off: no /metrics, no worker server, no collection.")
+    worker_host: str = Field(
+        default="127.0.0.1", description="Workers' metrics server bind (0.0.0.0 in pods)."
+    )
+    worker_port: int = Field(default=9464, ge=0, le=65535, description="Workers' metrics port (0: any free).")
+    multiproc_dir: Path | None = Field(
+        default=None,
+        description="Folder of the worker processes' metric files (PROMETHEUS_MULTIPROC_DIR wins; "
+        "empty: a fresh temporary folder per worker).",
+    )
+    cache_s: float = Field(
+        default=5.0, ge=0, description="How long queue and job gauges read at a scrape are reused."
+    )
+    worker_backlog: bool = Field(
+        default=False,
+        description="Workers also serve the queue and job gauges (the ingest API always does); on for a "
+        "deployment whose Prometheus scrapes no ingest API.",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="P2P_", env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -227,6 +250,7 @@ class Settings(BaseSettings):
     server: ServerSettings = ServerSettings()
     mining: MiningSettings = MiningSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     @model_validator(mode="after")
     def _check_profile(self) -> Settings:

@@ -468,6 +468,7 @@ def test_compose_embedding_env_is_valid_settings(monkeypatch: pytest.MonkeyPatch
 VLLM_MODEL = "Qwen/Qwen2.5-VL-72B-Instruct"
 VLLM_URL = "http://vllm:8000"
 GPU_SERVICES = {"vllm", "lvlm-mining-worker"}
+OPS_SERVICES = {"prometheus", "grafana"}
 # Server arguments the LVLM backend relies on, as (flag, value).
 VLLM_REQUIRED_ARGS = {
     "--tensor-parallel-size": "4",
@@ -519,8 +520,30 @@ def test_compose_gpu_services_only_with_their_profile() -> None:
     services = _load_compose()["services"]
     for name in GPU_SERVICES:
         assert services[name].get("profiles") == ["gpu"], name
-    for name in set(services) - GPU_SERVICES:
+    for name in OPS_SERVICES:
+        assert services[name].get("profiles") == ["ops"], name
+    for name in set(services) - GPU_SERVICES - OPS_SERVICES:
         assert "profiles" not in services[name], f"{name} must start without a profile"
+
+
+def test_compose_config_is_valid_with_ops_profile(tmp_path: Path) -> None:
+    result = _run_compose_config(tmp_path, COMPOSE_REQUIRED_ENV, profiles=("ops",))
+    assert result.returncode == 0, f"compose --profile ops config failed:\n{result.stdout}\n{result.stderr}"
+
+
+def test_compose_ops_profile_reads_the_repository_config() -> None:
+    """Prometheus and Grafana mount the files of ops/ that exist, and Prometheus scrapes the ports
+    the services serve metrics on."""
+    services = _load_compose()["services"]
+    for name in OPS_SERVICES:
+        for volume in services[name]["volumes"]:
+            source = str(volume).split(":", 1)[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+    config = yaml.safe_load((ROOT / "ops" / "prometheus" / "prometheus.yml").read_text())
+    ports = {c["job_name"]: c["dns_sd_configs"][0]["port"] for c in config["scrape_configs"]}
+    assert ports == {"p2p-api": 8000, "p2p-worker": 9464}
+    assert services["ingest-worker"]["environment"]["P2P_METRICS__WORKER_PORT"] == "9464"
 
 
 def test_compose_vllm_service() -> None:

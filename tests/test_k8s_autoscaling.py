@@ -301,6 +301,20 @@ def test_pod_annotations_point_prometheus_at_every_api_and_worker() -> None:
             assert name == "vllm" or port == API_PORT, name
 
 
+def test_workers_serve_metrics_where_their_annotations_point() -> None:
+    """The workers' metrics server binds 127.0.0.1 unless told otherwise: the ConfigMap must open it
+    to the pod network on the annotated port, in settings the app accepts."""
+    config = named(render("base"), "ConfigMap", "p2p-config")["data"]
+    metrics = Settings(
+        metrics={
+            "worker_host": config["P2P_METRICS__WORKER_HOST"],
+            "worker_port": config["P2P_METRICS__WORKER_PORT"],
+        }
+    ).metrics
+    assert metrics.worker_host == "0.0.0.0"
+    assert metrics.worker_port == WORKER_METRICS_PORT
+
+
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     if not selector.get("matchLabels", {}).items() <= labels.items():
         return False

@@ -19,6 +19,7 @@ from p2p.cli.jobs_cmd import jobs_app
 from p2p.cli.mine_cmd import mine
 from p2p.cli.models_cmd import models_app
 from p2p.cli.progress import LineProgress, progress
+from p2p.cli.queues_cmd import queues
 from p2p.cli.recover_cmd import recover
 from p2p.cli.train_cmd import train_app
 from p2p.mining import remine
@@ -44,6 +45,7 @@ app.add_typer(jobs_app, name="jobs")
 eval_app.command("retrieval")(eval_retrieval)
 app.command("mine")(mine)
 app.command("recover")(recover)
+app.command("queues")(queues)
 app.command("demo")(demo)
 
 

@@ -39,6 +39,7 @@ from p2p.shared.api import (
     log_startup,
 )
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
+from p2p.shared.metrics.embedding import BatchObserver, batch_observer
 from p2p.shared.recovery import start_embedded_recovery
 from p2p.shared.runtime import Runtime, build_runtime, set_process_runtime
 from p2p.shared.settings import EmbeddingSettings, Settings, get_settings
@@ -75,13 +76,16 @@ def intra_op_threads(settings: EmbeddingSettings) -> int:
     return max(1, settings.torch_threads // settings.image_workers)
 
 
-def make_batcher(model: Any, settings: EmbeddingSettings) -> MicroBatcher:
+def make_batcher(
+    model: Any, settings: EmbeddingSettings, *, observe: BatchObserver | None = None
+) -> MicroBatcher:
     return MicroBatcher(
         model,
         batch_size=settings.batch_size,
         wait_ms=settings.batch_wait_ms,
         image_workers=settings.image_workers,
         text_thread_init=functools.partial(torch.set_num_threads, TEXT_THREADS),
+        observe=observe,
     )
 
 
@@ -90,6 +94,7 @@ def load_state(runtime: Runtime, space: str) -> ModelState:
     space has none or its version cannot be loaded (the reason is kept for the errors)."""
 
     settings = runtime.settings.embedding
+    observe = batch_observer(runtime.settings)
     version = active_version(runtime, space)
     error = None
     if version is not None:
@@ -97,7 +102,7 @@ def load_state(runtime: Runtime, space: str) -> ModelState:
             model = load_model(spec_of(version), store=runtime.store, threads=intra_op_threads(settings))
             if model.dim != version.dim:
                 raise ValueError(f"model gives {model.dim}-d vectors, the version says {version.dim}")
-            batcher = make_batcher(model, settings)
+            batcher = make_batcher(model, settings, observe=observe)
             log.info("serving space %s with %s %s (%d-d)", space, version.name, version.version, model.dim)
             return ModelState(
                 model,
@@ -114,7 +119,7 @@ def load_state(runtime: Runtime, space: str) -> ModelState:
             log.error("cannot load the active model of space %s: %s", space, error)
     spec = default_spec()
     model = load_model(spec, store=runtime.store, threads=intra_op_threads(settings))
-    batcher = make_batcher(model, settings)
+    batcher = make_batcher(model, settings, observe=observe)
     if error is None:
         log.warning("space %s has no active model version: the default model serves embeds only", space)
     return ModelState(

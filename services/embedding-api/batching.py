@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -124,6 +125,7 @@ class MicroBatcher:
         prepare_workers: int = PREPARE_WORKERS,
         image_workers: int = 1,
         text_thread_init: Callable[[], object] | None = None,
+        observe: Callable[[str, int, float], None] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -143,6 +145,8 @@ class MicroBatcher:
         self._text_executor: ThreadPoolExecutor | None = None
         self._lanes: dict[str, _Lane] = {}
         self._running = False
+        # Told (kind, items, model seconds) after each model call that worked: metrics plug in here.
+        self.observe = observe
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -322,7 +326,9 @@ class MicroBatcher:
             items = [item for s in batch for item in s.request.items[s.start : s.end]]
             try:
                 executor = self._text_executor if lane.kind == "texts" else None
+                called = time.perf_counter()
                 vectors = await loop.run_in_executor(executor or self._executor, lane.call, items)
+                model_s = time.perf_counter() - called
                 vectors = np.asarray(vectors, dtype=np.float32)
                 if vectors.ndim != 2 or vectors.shape[0] != len(items):
                     raise RuntimeError(
@@ -342,6 +348,8 @@ class MicroBatcher:
             lane.stats.batches += 1
             lane.stats.items += len(items)
             lane.stats.max_batch = max(lane.stats.max_batch, len(items))
+            if self.observe is not None:
+                self.observe(lane.kind, len(items), model_s)
             offset = 0
             for segment in batch:
                 rows = vectors[offset : offset + segment.size]

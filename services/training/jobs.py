@@ -210,6 +210,9 @@ def _train(
                     if event is not None and event.get("event") == "progress":
                         progress = _progress_values(event, restarts, trainer.pid)
                         handle.update(progress=progress, checkpoint=event.get("checkpoint"))
+                        durable.emit(
+                            runtime, durable.JobEvent("training", run.id, "progress", details=progress)
+                        )
                         last_beat = time.monotonic()
                     elif time.monotonic() - last_beat > HEARTBEAT_S:
                         handle.update()
