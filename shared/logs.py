@@ -202,6 +202,10 @@ def configure_logging(
     root.setLevel(level if level is not None else settings.log_level if settings is not None else "INFO")
     for name in UVICORN_LOGGERS:
         logger = logging.getLogger(name)
+        # whatever an earlier uvicorn.Config or dictConfig left (its own handler, a level such as
+        # log_level="critical", disabled) goes: the root's handler and level decide
         logger.handlers.clear()
+        logger.setLevel(logging.NOTSET)
+        logger.disabled = False
         logger.propagate = True
     return handler

@@ -109,6 +109,10 @@ def test_uvicorn_access_lines_go_through_the_same_json_format() -> None:
     stream = io.StringIO()
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
+    # as an earlier uvicorn.Config(log_level="critical") or a dictConfig can leave it
+    access = logging.getLogger("uvicorn.access")
+    access.setLevel(logging.CRITICAL)
+    access.propagate, access.disabled = False, True
     try:
         configure_logging(
             Settings(logging={"format": "json"}), service="ingest-api", stream=stream, force=True
