@@ -20,7 +20,7 @@ Exit status 1 otherwise.
 ``overhead``: arms interleaved ABBA (``--rounds`` times); each arm is a set of environment variables
 given to every server. The default arms are metrics on and off (``P2P_METRICS__ENABLED``); another
 factor (JSON logs, say) is measured by passing ``--arms`` with more environment, e.g.
-``--arms '{"on": {"P2P_METRICS__ENABLED": "true", "P2P_LOG_FORMAT": "json"}, ...}'``.
+``--arms '{"on": {"P2P_METRICS__ENABLED": "true", "P2P_LOGGING__FORMAT": "json"}, ...}'``.
 
     .venv/bin/python bench/metrics_bench.py load --figures 5000
     .venv/bin/python bench/metrics_bench.py overhead --figures 400 --rounds 1
