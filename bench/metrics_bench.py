@@ -155,7 +155,9 @@ class Worker:
                 [sys.executable, "-m", "celery", "-A", "p2p.apps.worker:celery_app", "worker", "-Q", "mining",
                  "--concurrency=1", "--loglevel=INFO", "-n", f"{name}@%h",
                  "--without-gossip", "--without-mingle"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                # the project's logging sets the level (not --loglevel), and "ready" is an INFO line
+                env={**env, "P2P_LOG_LEVEL": "INFO"},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.group = ProcessGroup(name, self.proc.pid)
 
