@@ -788,25 +788,36 @@ def p2p_cli(args: list[str], env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
-def scenario_servers(
-    results: Results, workdir: Path, factory: FigureFactory, args: argparse.Namespace, backends: Backends
-) -> str:
-    """Returns the API key it made (the stage timing reuses it)."""
+def _production_ingest(workdir: Path, backends: Backends) -> tuple[ServerProcess, str]:
+    """The production-profile ingest API on ``backends`` (migrated, with an API key), not started."""
     env = backends.env()
     log("servers: p2p db upgrade")
     p2p_cli(["db", "upgrade"], env)
     token = p2p_cli(["keys", "create", "--name", "bench", "--scope", "ingest"], env).splitlines()[-1].strip()
-    server = ingest_server("servers", free_port(), workdir, env)
+    return ingest_server("servers", free_port(), workdir, env), token
+
+
+def _start_production_ingest(server: ServerProcess, backends: Backends) -> list[ProcessGroup]:
+    """Start ``server``; the process groups whose CPU the load is charged: the API, PostgreSQL, S3."""
+    server.start("/readyz")
+    assert server.proc is not None
+    groups = [ProcessGroup("server", server.proc.pid)]
+    pid = postmaster_pid(Path(backends.pg.embedded.data_dir)) if backends.pg.embedded else None
+    if pid is not None:
+        groups.append(ProcessGroup("postgres", pid))
+    if backends.s3.process is not None:
+        groups.append(ProcessGroup("s3", backends.s3.process.pid))
+    return groups
+
+
+def scenario_servers(
+    results: Results, workdir: Path, factory: FigureFactory, args: argparse.Namespace, backends: Backends
+) -> str:
+    """Returns the API key it made (the stage timing reuses it)."""
+    server, token = _production_ingest(workdir, backends)
     try:
         log("servers: starting p2p serve ingest (production profile: PostgreSQL, Redis, S3, API key)")
-        server.start("/readyz")
-        assert server.proc is not None
-        groups = [ProcessGroup("server", server.proc.pid)]
-        pid = postmaster_pid(Path(backends.pg.embedded.data_dir)) if backends.pg.embedded else None
-        if pid is not None:
-            groups.append(ProcessGroup("postgres", pid))
-        if backends.s3.process is not None:
-            groups.append(ProcessGroup("s3", backends.s3.process.pid))
+        groups = _start_production_ingest(server, backends)
         url = server.base_url + "/v1/figures"
         auth = {"Authorization": f"Bearer {token}"}
         merge(
@@ -884,19 +895,9 @@ def _abba_production(
     servers: list[ServerProcess],
     backends: Backends,
 ) -> Callable[[], tuple[int, dict[str, Any]]]:
-    env = backends.env()
-    p2p_cli(["db", "upgrade"], env)
-    token = p2p_cli(["keys", "create", "--name", "bench", "--scope", "ingest"], env).splitlines()[-1].strip()
-    server = ingest_server("servers", free_port(), workdir, env)
+    server, token = _production_ingest(workdir, backends)
     servers.append(server)
-    server.start("/readyz")
-    assert server.proc is not None
-    groups = [ProcessGroup("server", server.proc.pid)]
-    pid = postmaster_pid(Path(backends.pg.embedded.data_dir)) if backends.pg.embedded else None
-    if pid is not None:
-        groups.append(ProcessGroup("postgres", pid))
-    if backends.s3.process is not None:
-        groups.append(ProcessGroup("s3", backends.s3.process.pid))
+    groups = _start_production_ingest(server, backends)
     auth = {"Authorization": f"Bearer {token}"}
     return _abba_side(
         "servers", server.base_url + "/v1/figures", factory, args, groups, expect=202, headers=auth
