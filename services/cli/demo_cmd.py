@@ -213,14 +213,13 @@ def _show_search(runtime: Any, spec: Any, version_id: uuid.UUID) -> None:
         hits = vectors.search(conn, version_id, model.encode_texts([DEMO_QUERY])[0], level="panel", k=3)
     with runtime.session() as session:
         found = enrich(session, hits)
-    out.print(f"search '{DEMO_QUERY}' (panels), best {len(found)}:")
+    lines = [f"search '{DEMO_QUERY}' (panels), best {len(found)}:"]
     for hit in found:
         label = hit.panel.label if hit.panel is not None and hit.panel.label else "-"
         text = " ".join((hit.text or "").split())
-        out.print(
-            f"  {hit.score:.3f}  {hit.level} {label}  {text[:90]}{'...' if len(text) > 90 else ''}",
-            highlight=False,
-        )
+        lines.append(f"  {hit.score:.3f}  {hit.level} {label}  {text[:90]}{'...' if len(text) > 90 else ''}")
+    # one write: the embedded workers' log lines, on the same terminal, never land inside the block
+    out.print("\n".join(lines), highlight=False, soft_wrap=True)
 
 
 def serve_both(settings: Settings, *, host: str, port: int) -> bool:
