@@ -107,8 +107,13 @@ def series_labels(detections: list[LabelDetection], named: list[str]) -> list[La
             break
         kept.append(det)
         expected = index + 1
-    # sub-panel labels of a kept letter ("a1", "a2" beside "A") are printed labels too
+    # sub-panel labels of a kept letter ("a1", "a2" beside "A") are printed labels too, and so
+    # are those of a letter the series lacks or would print next ("c1", "c2" between B and D:
+    # the group's letter is not printed, its pictures' labels are)
     kept_letters = {d.text.lower() for d in kept}
+    if kept:
+        last = max(ord(d.text.lower()) for d in kept)
+        kept_letters |= {chr(c) for c in range(ord("a"), last + 2)}
     subs: dict[str, LabelDetection] = {}
     for det in detections:
         text = det.text
