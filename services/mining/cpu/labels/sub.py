@@ -238,27 +238,6 @@ def _numbered(gray: np.ndarray, box: IntBox, label: str | None, detections: list
     return _read_tile(gray, box, u)
 
 
-def _label_pictures(
-    gray: np.ndarray,
-    boxes: dict[int, IntBox],
-    labels: list[str | None],
-    detections: list[LabelDetection],
-    u: float,
-    named: set[str],
-) -> dict[int, tuple[str, LabelDetection]]:
-    """Pictures the segmenter already cut apart whose labels are one group's numbered series."""
-    out: dict[int, tuple[str, LabelDetection]] = {}
-    for group in _groups(boxes):
-        order = sorted(group, key=lambda k: _in_reading_order([boxes[j] for j in group]).index(boxes[k]))
-        readings = [_numbered(gray, boxes[k], labels[k], detections, u) for k in order]
-        series = _series(readings, named)
-        if series is None:
-            continue
-        for k, text, reading in zip(order, series, readings, strict=True):
-            out[k] = (text, _detection(text, boxes[k], reading, u))
-    return out
-
-
 def _detection(text: str, tile: IntBox, reading: LabelDetection | None, u: float) -> LabelDetection:
     if reading is not None:
         return LabelDetection(text=text, box=reading.box, confidence=reading.confidence, raw=reading.raw)
@@ -277,39 +256,88 @@ def split_sub_labelled(
     u: float,
     named: list[str],
 ) -> tuple[list[PanelCandidate], list[str | None], list[LabelDetection]]:
-    """Grids of pictures with numbered labels ("c1", "c2" ...), one panel per picture: pieces
-    holding such a grid are cut into their pictures, and pictures the segmenter cut apart get
-    their numbered labels."""
+    """Grids of pictures with numbered labels ("c1", "c2" ...), one panel per picture.
+
+    The pictures are those of every piece (a piece may hold several, cut at light gutters, or
+    be one); pictures joined by narrow gutters form a grid, however the segmenter cut it, and a
+    grid whose corners read as one group's numbered series gives each picture its label. A
+    piece is cut into its pictures only when all of them are in such a grid."""
     named_keys = {n.lower() for n in named}
     # sub-labels are printed near the size of the figure's letters, which on a large figure are
     # far taller than its text unit: the corner windows are sized from the letters read
     heights = sorted(d.box[3] - d.box[1] for d in detections if d.confidence >= 0.5)
     if heights:
         u = max(u, 0.5 * heights[len(heights) // 2])
+    pictures: dict[int, tuple[int, IntBox]] = {}  # picture id -> (its piece, its box)
+    for k, candidate in enumerate(candidates):
+        box: IntBox = tuple(round(v) for v in candidate.box)  # type: ignore[assignment]
+        tiles = picture_tiles(gray, box) or ([box] if _is_picture(gray, box) else [])
+        for tile in tiles:
+            pictures[len(pictures)] = (k, tile)
+    named_pictures: dict[int, tuple[str, LabelDetection]] = {}
+    for group in _groups({i: tile for i, (_, tile) in pictures.items()}):
+        boxes = _in_reading_order([pictures[i][1] for i in group])
+        order = sorted(group, key=lambda i: boxes.index(pictures[i][1]))
+        readings = [
+            _numbered(gray, pictures[i][1], _whole_label(candidates, labels, pictures[i]), detections, u)
+            for i in order
+        ]
+        series = _series(readings, named_keys)
+        if series is None:
+            continue
+        for i, text, reading in zip(order, series, readings, strict=True):
+            named_pictures[i] = (text, _detection(text, pictures[i][1], reading, u))
+    if not named_pictures:
+        return candidates, labels, detections
+    return _cut(candidates, labels, detections, pictures, named_pictures)
+
+
+def _cut(
+    candidates: list[PanelCandidate],
+    labels: list[str | None],
+    detections: list[LabelDetection],
+    pictures: dict[int, tuple[int, IntBox]],
+    named_pictures: dict[int, tuple[str, LabelDetection]],
+) -> tuple[list[PanelCandidate], list[str | None], list[LabelDetection]]:
+    """Pieces all of whose pictures are named replaced by their pictures, in reading order."""
     out_c: list[PanelCandidate] = []
     out_l: list[str | None] = []
     found: list[LabelDetection] = []
-    singles: dict[int, IntBox] = {}
-    for candidate, label in zip(candidates, labels, strict=True):
-        box: IntBox = tuple(round(v) for v in candidate.box)  # type: ignore[assignment]
-        tiles = _in_reading_order(picture_tiles(gray, box))
-        readings = [_read_tile(gray, tile, u) for tile in tiles]
-        series = _series(readings, named_keys) if tiles else None
-        if series is None:
-            if not tiles and _is_picture(gray, box):
-                singles[len(out_c)] = box
+    for k, (candidate, label) in enumerate(zip(candidates, labels, strict=True)):
+        own = [i for i, (piece, _) in pictures.items() if piece == k]
+        if not own or any(i not in named_pictures for i in own):
             out_c.append(candidate)
             out_l.append(label)
             continue
-        for tile, text, reading in zip(tiles, series, readings, strict=True):
-            out_c.append(PanelCandidate(box=tuple(float(v) for v in tile), confidence=SUB_CONFIDENCE))  # type: ignore[arg-type]
+        in_order = _in_reading_order([pictures[i][1] for i in own])
+        for i in sorted(own, key=lambda i: in_order.index(pictures[i][1])):
+            text, detection = named_pictures[i]
+            tile = pictures[i][1]
+            confidence = candidate.confidence if len(own) == 1 else SUB_CONFIDENCE
+            out_c.append(PanelCandidate(box=tuple(float(v) for v in tile), confidence=confidence))  # type: ignore[arg-type]
             out_l.append(text)
-            found.append(_detection(text, tile, reading, u))
-    for k, (text, detection) in _label_pictures(gray, singles, out_l, detections, u, named_keys).items():
-        out_l[k] = text
-        found.append(detection)
-    if not found:
-        return candidates, labels, detections
-    cut = {tuple(d.box) for d in found}
-    kept = [d for d in detections if tuple(d.box) not in cut]
+            found.append(detection)
+    # what was read before inside the named pictures (the same labels, or misreadings of them)
+    # gives way to their numbered labels
+    named_tiles = [pictures[i][1] for i in named_pictures]
+    replaced = {d.text for d in found}
+    kept = [
+        d
+        for d in detections
+        if d.text not in replaced and not any(_holds(tile, d.box) for tile in named_tiles)
+    ]
     return out_c, out_l, kept + found
+
+
+def _holds(tile: IntBox, box: tuple[float, float, float, float]) -> bool:
+    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    return tile[0] <= cx < tile[2] and tile[1] <= cy < tile[3]
+
+
+def _whole_label(
+    candidates: list[PanelCandidate], labels: list[str | None], picture: tuple[int, IntBox]
+) -> str | None:
+    """The label the label stage gave a picture that is a whole piece (None for a grid's part)."""
+    k, tile = picture
+    box = tuple(round(v) for v in candidates[k].box)
+    return labels[k] if box == tile else None
