@@ -314,3 +314,24 @@ def test_the_evaluator_reads_transparent_figures_on_white(
 
     evaluate_folder(tmp_path, miner)
     assert len(seen) == 1 and (seen[0] == drawn).all()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_a_sub_labelled_grid_is_one_panel_per_picture_with_its_own_label(seed: int) -> None:
+    image, truth = generate_figure(
+        seed, profile="realistic", kinds=("plot", "sub_grid"), labelled=True, **MEDIUM
+    )
+    block = truth["synth"]["blocks"][1]
+    tiles = block["parts"]["subimages"]
+    subs = truth["panels"][1:]
+    letter = truth["panels"][0]["label"]
+    group = chr(ord(letter) + 1)
+    assert [p["label"] for p in subs] == [f"{group}{k + 1}" for k in range(len(tiles))]
+    assert [p["box"] for p in subs] == tiles and all(p["type"] == "image" for p in subs)
+    boxes = {lb["label"]: lb["box"] for lb in truth["label_boxes"]}
+    for panel in subs:
+        assert _ink(image, boxes[panel["label"]])
+        inside = _contains(panel["box"], boxes[panel["label"]])
+        assert inside == block["words"]["inside"]
+    assert f"({group}1" in truth["caption"]
+    assert all(truth["subcaptions"][p["label"]] in truth["caption"] for p in subs)

@@ -18,6 +18,7 @@ from p2p.mining.captions import find_marker_mentions, split_caption
 from p2p.mining.cpu.context import Stage, StageContext, check_order
 from p2p.mining.cpu.labels.read import assign_labels, find_labels, reading_order, warm_up
 from p2p.mining.cpu.labels.split import split_at_labels
+from p2p.mining.cpu.labels.sub import gray_and_text_unit, split_sub_labelled
 from p2p.mining.cpu.labels.trim import trim_labels
 from p2p.mining.cpu.markers.net import shipped_fusion
 from p2p.mining.cpu.markers.net import shipped_net as shipped_marker_net
@@ -234,6 +235,18 @@ class _LabelStage:
         ctx.labels = assign_labels(ctx.candidates, ctx.detections, params=self.params)
 
 
+def _sub_labels(ctx: StageContext) -> None:
+    """Grids of pictures labelled picture by picture ("c1", "c2" ...) cut into their pictures."""
+    analysis = ctx.analysis
+    if analysis is not None and analysis.gray.shape == ctx.image.shape[:2]:
+        gray, u = analysis.gray, analysis.u
+    else:  # segmented on a downscale: the corners are read at full size
+        gray, u = gray_and_text_unit(ctx.image)
+    ctx.candidates, ctx.labels, ctx.detections = split_sub_labelled(
+        gray, ctx.candidates, ctx.labels, ctx.detections, u=u, named=ctx.named
+    )
+
+
 @dataclass(frozen=True)
 class _SplitAtLabelsStage:
     params: LabelSplitParams
@@ -432,6 +445,12 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
         Stage("caption_names", ("caption",), ("named",), _named),
         Stage("segment", ("image", "named"), ("candidates", "analysis"), _SegmentStage(p)),
         Stage("labels", ("image", "candidates", "analysis"), ("detections", "labels"), _LabelStage(p.labels)),
+        Stage(
+            "panels_sub_labels",
+            ("image", "candidates", "labels", "detections", "named", "analysis"),
+            ("candidates", "labels", "detections"),
+            _sub_labels,
+        ),
         Stage(
             "panels_split_at_labels",
             ("image", "candidates", "labels", "detections", "named", "analysis"),

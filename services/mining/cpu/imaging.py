@@ -374,6 +374,15 @@ def ring_group(
     return [((wx1, wy1, wx2, wy2), (px1, py1, px2, py2), keep)]
 
 
+def _edge_sliver(stat: np.ndarray, size: int) -> bool:
+    """A piece of a picture's frame or of the gutter beside it, cut into bits by JPEG: at most two
+    pixels thin along the window's edge. It is no glyph's neighbour."""
+    bx, by, bw, bh = (int(v) for v in stat[:4])
+    on_side = bw <= 2 and (bx == 0 or bx + bw >= size)
+    on_top = bh <= 2 and (by == 0 or by + bh >= size)
+    return on_side or on_top
+
+
 def line_mates(labels: np.ndarray, stats: np.ndarray, cid: int, size: int, grow: bool) -> list[int] | None:
     """``cid`` and its neighbours on the same line, or None when something that is not on the
     line (texture, an image edge) touches the group. ``grow``: add neighbours of neighbours too
@@ -395,7 +404,10 @@ def line_mates(labels: np.ndarray, stats: np.ndarray, cid: int, size: int, grow:
         others = [
             int(o)
             for o in np.unique(ring)
-            if o and o not in members and max(stats[o, 2], stats[o, 3]) < 0.8 * size
+            if o
+            and o not in members
+            and max(stats[o, 2], stats[o, 3]) < 0.8 * size
+            and not _edge_sliver(stats[o], size)
         ]
         mates = [
             o

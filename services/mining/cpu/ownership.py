@@ -107,20 +107,29 @@ def series_labels(detections: list[LabelDetection], named: list[str]) -> list[La
             break
         kept.append(det)
         expected = index + 1
-    # sub-panel labels of a kept letter ("a1", "a2" beside "A") are printed labels too
-    kept_letters = {d.text.lower() for d in kept}
+    return kept + _sub_labels(detections, kept)
+
+
+def _sub_labels(detections: list[LabelDetection], kept: list[LabelDetection]) -> list[LabelDetection]:
+    """Sub-panel labels of a kept letter ("a1", "a2" beside "A") are printed labels too, and so
+    are those of a letter the series lacks or would print next ("c1", "c2" between B and D: the
+    group's letter is not printed, its pictures' labels are)."""
+    letters = {d.text.lower() for d in kept}
+    if kept:
+        last = max(ord(d.text.lower()) for d in kept)
+        letters |= {chr(c) for c in range(ord("a"), last + 2)}
     subs: dict[str, LabelDetection] = {}
     for det in detections:
         text = det.text
         if (
             len(text) == 2
-            and text[0].lower() in kept_letters
+            and text[0].lower() in letters
             and text[1].isdigit()
             and det.confidence >= MIN_LABEL_CONFIDENCE
             and (text not in subs or det.confidence > subs[text].confidence)
         ):
             subs[text] = det
-    return kept + list(subs.values())
+    return list(subs.values())
 
 
 def expected_letters(series: list[LabelDetection], named: list[str]) -> list[str]:

@@ -824,6 +824,26 @@ def read_glyphs(
     return out
 
 
+# Preparations for reading a glyph group of several characters ("c1"): the strokes' cores without
+# gaps opened between glyphs read best; the others catch what that one misses. (cores, spread)
+_GROUP_PREPARATIONS = ((True, False), (True, True), (False, False))
+
+
+def read_corner_glyphs(gray: np.ndarray, glyphs: Sequence[CornerGlyph]) -> list[list[tuple[str, float]]]:
+    """The recogniser's raw readings (text, score) of each glyph group, one per preparation in
+    ``_GROUP_PREPARATIONS``, for callers that judge the text themselves."""
+    crops = [
+        _prepare_crop(gray, g.keep, g.crop_box, invert=g.invert, cores=cores, spread=spread)
+        for g in glyphs
+        for cores, spread in _GROUP_PREPARATIONS
+    ]
+    if not crops:
+        return []
+    readings = _engine().read(crops)
+    n = len(_GROUP_PREPARATIONS)
+    return [readings[i * n : (i + 1) * n] for i in range(len(glyphs))]
+
+
 def _read(engine: _Ocr, candidates: list[_Candidate], min_score: float) -> list[tuple[int, LabelDetection]]:
     """What the candidates read as labels: readings scoring below ``min_score`` are dropped."""
     if not candidates:

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageChops
 
-from p2p.mining.lab.synth import vocab
+from p2p.mining.lab.synth import sources, vocab
 from p2p.mining.lab.synth.blocks import ASPECTS, BLOCKS, Drawn, Sheet, heading
 from p2p.mining.lab.synth.labels import label_sequence, printed, render_label
 from p2p.mining.lab.synth.util import Rect, scale_inclusive, to_inclusive, weighted
 
-PROFILE_VERSION = "1"
+PROFILE_VERSION = "2"  # 2: sub-labelled grids (a1, a2 ... printed on each picture)
 SIZE_CLASSES = {"web": (350, 600), "medium": (700, 1900), "large": (2000, 7000)}  # long side, px
 SIZE_WEIGHTS = {"web": 0.25, "medium": 0.4, "large": 0.35}
 LABELLED_KINDS = {
@@ -37,10 +37,13 @@ LABELLED_KINDS = {
     "blot": 0.7,
     "blot_chart": 0.8,
     "schematic": 0.8,
+    "sub_grid": 0.7,
 }
 UNLABELLED_KINDS = {"plot": 2.0, "image": 1.0, "schematic": 0.6}  # each visually separate
 HEADED = {"plot": 0.3, "plots": 0.25, "image": 0.2, "images": 0.2, "schematic": 0.3, "colour_bar": 0.3}
 LABEL_STYLES = {"A": 0.6, "a": 0.25, "(a)": 0.15}
+KINDS = (*BLOCKS, "sub_grid")
+_ASPECTS = {**ASPECTS, "sub_grid": (0.35, 0.8)}
 
 
 @dataclass
@@ -66,11 +69,20 @@ def _options(options: dict[str, Any]) -> RealisticOptions:
         raise ValueError(f"size_class must be one of {tuple(SIZE_CLASSES)}")
     if opts.kinds is not None:
         opts.kinds = tuple(opts.kinds)
-        if not opts.kinds or any(k not in BLOCKS for k in opts.kinds) or len(opts.kinds) > 9:
-            raise ValueError(f"kinds must be 1 to 9 of {tuple(BLOCKS)}")
+        if not opts.kinds or any(k not in KINDS for k in opts.kinds) or len(opts.kinds) > 9:
+            raise ValueError(f"kinds must be 1 to 9 of {KINDS}")
     if opts.long_side is not None and not 200 <= opts.long_side <= 8000:
         raise ValueError("long_side must be between 200 and 8000")
     return opts
+
+
+@dataclass
+class _Member:
+    """One sub-labelled picture of a ``sub_grid`` block: a panel of its own ("c1", "c2" ...)."""
+
+    label: str
+    box: Rect
+    label_box: Rect
 
 
 @dataclass
@@ -82,6 +94,7 @@ class _Block:
     drawn: Drawn | None = None
     label_box: Rect | None = None
     heading: Rect | None = None
+    members: list[_Member] | None = None  # sub_grid: the group letter is not printed, its members are
 
 
 def _plan(rng: np.random.Generator, opts: RealisticOptions) -> tuple[list[_Block], str]:
@@ -121,7 +134,7 @@ def _lay_out(rng: np.random.Generator, blocks: list[_Block], width: int, unit: f
         weights = rng.uniform(0.8, 1.6, size=count)
         span = width - 2 * margin - gutter * (count - 1)
         widths = [int(span * w / weights.sum()) for w in weights]
-        heights = [int(w * float(rng.uniform(*ASPECTS[b.kind]))) for b, w in zip(row, widths, strict=True)]
+        heights = [int(w * float(rng.uniform(*_ASPECTS[b.kind]))) for b, w in zip(row, widths, strict=True)]
         height = int(np.clip(np.median(heights), 110 * unit, (0.42 if count == 1 else 0.7) * width)) + strip
         x = margin
         for block, w in zip(row, widths, strict=True):
@@ -132,6 +145,9 @@ def _lay_out(rng: np.random.Generator, blocks: list[_Block], width: int, unit: f
 
 
 def _draw_block(sheet: Sheet, block: _Block, strip: int, font: str, size: int) -> None:
+    if block.kind == "sub_grid" and block.label is not None:
+        _draw_sub_grid(sheet, block, strip, font, size)
+        return
     x0, y0, x1, y1 = block.cell
     top = y0
     if block.label is not None:
@@ -143,7 +159,8 @@ def _draw_block(sheet: Sheet, block: _Block, strip: int, font: str, size: int) -
     headed = sheet.rng.random() < HEADED.get(block.kind, 0.0)
     band = sheet.size(11) + 8 if headed else 0
     inset = round(6 * sheet.unit) if block.label is not None else 0
-    block.drawn = BLOCKS[block.kind](sheet, (x0 + inset, top + band, x1, y1))
+    draw = BLOCKS["images" if block.kind == "sub_grid" else block.kind]  # sub_grid unlabelled: pictures
+    block.drawn = draw(sheet, (x0 + inset, top + band, x1, y1))
     if headed:
         block.heading = heading(sheet, block.drawn, top)
         if block.heading is not None:
@@ -154,6 +171,59 @@ def _draw_block(sheet: Sheet, block: _Block, strip: int, font: str, size: int) -
                 max(outer[2], block.heading[2]),
                 outer[3],
             )
+
+
+def _draw_sub_grid(sheet: Sheet, block: _Block, strip: int, font: str, size: int) -> None:
+    """Pictures in one or two rows, each with its own label, the group letter followed by a number
+    ("c1" ... "c6"), printed inside the picture's top-left corner (light on dark pictures, dark on
+    light) or above it in the gutter; the group letter itself is not printed."""
+    assert block.label is not None
+    rng = sheet.rng
+    x0, y0, x1, y1 = block.cell
+    inside = bool(rng.random() < 0.65)
+    sub_size = max(8, round(size * float(rng.uniform(0.65, 0.9))))
+    band = 0 if inside else round(sub_size * 1.2) + 4
+    gap = int(rng.integers(3, 9)) if inside else int(rng.integers(8, 16))
+    w, h = x1 - x0, y1 - y0
+    rows = 2 if h >= 0.55 * w and rng.random() < 0.7 else 1
+    row_h = (h - gap * (rows - 1)) // rows - band
+    cols = int(np.clip(round((w + gap) / (row_h * float(rng.uniform(0.9, 1.3)) + gap)), 2, 4))
+    tile_w = (w - gap * (cols - 1)) // cols
+    tile_h = max(24, min(row_h, int(tile_w * 1.1)))
+    modality = str(rng.choice(["fluorescence", "fluorescence", "em", "ihc", "phase"]))
+    members: list[_Member] = []
+    for r in range(rows):
+        for c in range(cols):
+            x, y = x0 + c * (tile_w + gap), y0 + r * (tile_h + band + gap) + band
+            pixels, _, _ = sources.render_image(rng, tile_w, tile_h, modality)
+            tile = sheet.paste(pixels, x, y)
+            text = f"{block.label}{len(members) + 1}"
+            patch = render_label(text, font, sub_size)
+            g = patch.glyph
+            if inside:
+                pad = max(3, sub_size // 4)
+                lx, ly = x + pad, y + pad
+                corner = pixels[: g[3] - g[1] + 2 * pad, : g[2] - g[0] + 2 * pad]
+                colour = (255, 255, 255) if float(corner.mean()) < 110 else (0, 0, 0)
+            else:
+                lx, ly = x, y - band + 2
+                colour = (0, 0, 0)
+            sheet.image.paste(colour, (lx - g[0], ly - g[1]), Image.fromarray(patch.alpha))
+            label_box = (lx, ly, lx + g[2] - g[0], ly + g[3] - g[1])
+            members.append(_Member(label=text, box=tile, label_box=label_box))
+    block.members = members
+    box = (
+        members[0].box[0],
+        members[0].box[1],
+        max(m.box[2] for m in members),
+        max(m.box[3] for m in members),
+    )
+    block.drawn = Drawn(
+        box=box,
+        type="image",
+        parts={"subimages": [m.box for m in members]},
+        words={"modality": modality, "rows": rows, "cols": cols, "inside": inside},
+    )
 
 
 def _caption(rng: np.random.Generator, blocks: list[_Block]) -> tuple[str, dict[str, str]]:
@@ -167,6 +237,7 @@ def _caption(rng: np.random.Generator, blocks: list[_Block]) -> tuple[str, dict[
         "blot": "Western blot of {p} in {c}.",
         "blot_chart": "Cell viability of {c} (top) and western blot of {p}.",
         "schematic": "Schematic of the experimental design.",
+        "sub_grid": "Confocal images of {p} in {c}.",
     }
     number, protein, cells = (
         int(rng.integers(1, 9)),
@@ -182,7 +253,16 @@ def _caption(rng: np.random.Generator, blocks: list[_Block]) -> tuple[str, dict[
             q=vocab.pick(rng, vocab.PROTEINS),
             c=vocab.pick(rng, vocab.CELLS),
         )
-        if b.label is not None:
+        if b.members:
+            first, last = b.members[0].label, b.members[-1].label
+            if rng.random() < 0.5:
+                text = f"({first}\u2013{last}) {text}"
+                subcaptions.update({m.label: text for m in b.members})
+            else:
+                pieces = [f"({m.label}) {vocab.pick(rng, vocab.CELLS)}." for m in b.members]
+                text = " ".join(pieces)
+                subcaptions.update({m.label: piece for m, piece in zip(b.members, pieces, strict=True)})
+        elif b.label is not None:
             text = f"({b.label}) {text}"
             subcaptions[b.label] = text
         parts.append(text)
@@ -310,6 +390,11 @@ def _truth(
     panels, label_boxes = [], []
     for b in blocks:
         assert b.drawn is not None
+        for m in b.members or []:
+            panels.append({"label": m.label, "box": _scaled(m.box, sx, sy), "type": "image"})
+            label_boxes.append({"label": m.label, "box": _scaled(m.label_box, sx, sy)})
+        if b.members:
+            continue
         panel: dict[str, Any] = {"label": b.label, "box": _scaled(b.drawn.box, sx, sy), "type": b.drawn.type}
         if b.label is not None:
             panel["printed_label"] = b.label_text
