@@ -90,6 +90,7 @@ class _ListSnapshot:
     key: str
     depth: int
     scanned: list[_Message]  # the oldest messages, oldest first
+    jobs: frozenset[str] = frozenset()  # their jobs
 
     @property
     def whole(self) -> bool:
@@ -171,7 +172,8 @@ class RedisBrokerView:
             depth, raws = int(answers[2 * index]), answers[2 * index + 1]
             # LRANGE gives newest first within the range; the list's oldest is its last element.
             scanned = [_payload_message(_parse(raw)) for raw in reversed(raws)]
-            lists.append(_ListSnapshot(key, depth, scanned))
+            jobs = frozenset(message.job for message in scanned if message.job is not None)
+            lists.append(_ListSnapshot(key, depth, scanned, jobs))
         unacked, index_scores = answers[-2], answers[-1]
         delivered = {_text(tag): float(score) for tag, score in index_scores}
         reserved: dict[str, float] = {}
@@ -195,7 +197,7 @@ class RedisBrokerView:
         sent = sent_at.timestamp()
         seen: list[str] = []
         for lst in snapshot.lists:
-            if any(message.job == job for message in lst.scanned):
+            if job in lst.jobs:
                 return Sighting("waiting", f"its message is on {lst.key!r} ({lst.depth} waiting)")
             if lst.whole:
                 if lst.depth:
@@ -222,4 +224,4 @@ def open_broker_view(runtime: Any) -> BrokerView | None:
     url = dispatcher.broker_url
     if not url.startswith(REDIS_SCHEMES):
         return None  # another transport: its keys are not kombu's Redis lists
-    return RedisBrokerView(open_client(url))
+    return RedisBrokerView(open_client(url), scan_messages=SCAN_MESSAGES)
