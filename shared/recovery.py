@@ -212,14 +212,20 @@ def start_embedded_recovery(runtime: Any) -> SweepTimer | None:
 
     def at_start() -> None:
         try:
-            recovered = sweep_once(runtime, startup=True)
+            recovered = _done(sweep_once(runtime, startup=True))
             if recovered:
-                log.warning("start-up recovery re-sent %d jobs left by a previous process", len(recovered))
+                log.warning("start-up recovery re-sent %d jobs left by a previous process", recovered)
         except Exception:
             log.exception("start-up recovery failed")
 
     threading.Thread(target=at_start, name="p2p-startup-recovery", daemon=True).start()
     return SweepTimer(runtime, runtime.settings.queue.sweep_interval_s).start()
+
+
+def _done(found: list[StuckJob]) -> int:
+    """How many were acted on: a running job found with its lock free may have just finished (the
+    lock is read after the row), and then nothing is sent."""
+    return sum(job.done for job in found)
 
 
 class SweepTimer:
@@ -237,9 +243,9 @@ class SweepTimer:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                recovered = sweep_once(self.runtime)
+                recovered = _done(sweep_once(self.runtime))
                 if recovered:
-                    log.warning("recovery sweep re-sent %d stuck jobs", len(recovered))
+                    log.warning("recovery sweep re-sent %d stuck jobs", recovered)
             except Exception:
                 log.exception("recovery sweep failed")
 
