@@ -348,11 +348,15 @@ def account(urls: list[str]) -> dict[str, Any]:
     tasks_ok = total(
         workers, "p2p_tasks_total", queue="mining", task="p2p.mining.mine_figure", outcome="success"
     )
+    task_runs = total(workers, "p2p_tasks_total", queue="mining", task="p2p.mining.mine_figure")
     found = {
         "figures_ingested": ingested,
         "jobs_succeeded": succeeded,
         "jobs_failed": failed,
         "mining_tasks_succeeded": tasks_ok,
+        "mining_task_runs": task_runs,  # every outcome: a duplicate delivery is a run too
+        "jobs_requeued": total(workers, "p2p_job_events_total", kind="mining", event="requeued")
+        + total(api, "p2p_job_events_total", kind="mining", event="requeued"),
         "figures_in_database": total(api, "p2p_figures"),
         "jobs_queued_or_running": total(api, "p2p_jobs", kind="mining", status="queued")
         + total(api, "p2p_jobs", kind="mining", status="running"),

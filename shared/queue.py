@@ -136,6 +136,7 @@ class CeleryDispatcher:
     ) -> None:
         self.app = app
         self.settings = settings
+        self.broker_url = broker_url  # read by the recovery sweep to look for a job's message
         self._connection = app.connection_for_write(broker_url)
         self._pool = self._connection.Pool(limit=pool_limit)
 

@@ -4,7 +4,10 @@ their queue.
 A running job has a live owner while its advisory lock is held (a killed worker's connection
 closes and frees it at once) and its lease is renewed (a lost machine stops renewing). A queued job
 whose message was lost (a broker restarted without persistence, an embedded process killed) is sent
-again once it has waited ``requeue_after_s``. Sending again is always safe: a job runs under its
+again once it has waited ``requeue_after_s`` and, where the broker can be read (Redis), its message
+is neither on its queue nor reserved by a worker (:mod:`p2p.shared.broker_view`): under a backlog a
+job waits longer than ``requeue_after_s`` with its message in line, and a copy would only be a
+duplicate. Sending again is always safe: a job runs under its
 lock, a finished one is not run again, and re-running replaces its rows, never adds to them.
 
 It runs periodically in every worker (one sweep at a time across the cluster, by a lock of its own),
@@ -23,6 +26,7 @@ from typing import Any, Literal
 from sqlalchemy import func, select, update
 
 from p2p.shared import logs
+from p2p.shared.broker_view import BrokerView, open_broker_view
 from p2p.shared.db.base import utcnow
 from p2p.shared.jobs import KINDS, JobEvent, JobKind, Phase, emit, mark_failed, send, stalled
 
@@ -62,29 +66,40 @@ def find_stuck(
     startup: bool = False,
     kinds: list[str] | None = None,
 ) -> list[StuckJob]:
-    """Jobs that need sending again (``startup``: every queued job, this process's queue was memory)."""
+    """Jobs that need sending again (``startup``: every queued job, this process's queue was memory).
+
+    A queued job's broker is read (one snapshot per queue, after the rows) unless at start-up."""
     settings = runtime.settings.queue
     after = settings.requeue_after_s if requeue_after_s is None else requeue_after_s
     now = utcnow()
     found: list[StuckJob] = []
-    for name in kinds or list(KINDS):
-        kind = KINDS[name]
-        with runtime.session() as session:
-            rows = list(
-                session.scalars(
-                    select(kind.model)
-                    .where(kind.model.status.in_(kind.active_statuses))
-                    .order_by(kind.model.created_at)
-                    .limit(SCAN_LIMIT)
+    broker = None if startup else open_broker_view(runtime)
+    try:
+        for name in kinds or list(KINDS):
+            kind = KINDS[name]
+            with runtime.session() as session:
+                rows = list(
+                    session.scalars(
+                        select(kind.model)
+                        .where(kind.model.status.in_(kind.active_statuses))
+                        .order_by(kind.model.created_at)
+                        .limit(SCAN_LIMIT)
+                    )
                 )
-            )
-            session.expunge_all()
-        for row in rows:
-            found.extend(_judge(runtime, kind, row, now=now, after=0.0 if startup else after))
+                session.expunge_all()
+            for row in rows:
+                found.extend(
+                    _judge(runtime, kind, row, now=now, after=0.0 if startup else after, broker=broker)
+                )
+    finally:
+        if broker is not None:
+            broker.close()
     return found
 
 
-def _judge(runtime: Any, kind: JobKind, row: Any, *, now: datetime, after: float) -> list[StuckJob]:
+def _judge(
+    runtime: Any, kind: JobKind, row: Any, *, now: datetime, after: float, broker: BrokerView | None = None
+) -> list[StuckJob]:
     phase = kind.phase(row)
     reason = stalled(kind, row, now=now, queued_after_s=after)
     if phase is Phase.RUNNING:
@@ -98,8 +113,30 @@ def _judge(runtime: Any, kind: JobKind, row: Any, *, now: datetime, after: float
         action: Action = "fail" if too_many else "requeue"
         return [StuckJob(kind.name, row.id, phase, reason, action)]
     if phase is Phase.QUEUED and reason is not None:
-        return [StuckJob(kind.name, row.id, phase, reason, "send")]
+        reason = _message_lost(kind, row, reason, after=after, broker=broker)
+        if reason is not None:
+            return [StuckJob(kind.name, row.id, phase, reason, "send")]
     return []
+
+
+def _message_lost(
+    kind: JobKind, row: Any, reason: str, *, after: float, broker: BrokerView | None
+) -> str | None:
+    """A queued job past ``after``: why its message counts as lost, or None while the broker shows it
+    waiting (or reserved by a worker for less than ``after``). Without a readable broker (in-process
+    queue, another transport, Redis away) or for a job never sent, time alone decides, as before."""
+    if broker is None or row.enqueued_at is None:
+        return reason
+    seen = broker.locate(kind.queue(row), row.id, row.enqueued_at)
+    if seen is None:
+        return reason
+    if seen.where == "waiting":
+        return None
+    if seen.where == "reserved":
+        if seen.reserved_for_s is not None and seen.reserved_for_s < after:
+            return None
+        return f"{reason}: {seen.detail} and never started (that worker is gone)"
+    return f"{reason}: {seen.detail}"
 
 
 def recover(
@@ -175,14 +212,20 @@ def start_embedded_recovery(runtime: Any) -> SweepTimer | None:
 
     def at_start() -> None:
         try:
-            recovered = sweep_once(runtime, startup=True)
+            recovered = _done(sweep_once(runtime, startup=True))
             if recovered:
-                log.warning("start-up recovery re-sent %d jobs left by a previous process", len(recovered))
+                log.warning("start-up recovery re-sent %d jobs left by a previous process", recovered)
         except Exception:
             log.exception("start-up recovery failed")
 
     threading.Thread(target=at_start, name="p2p-startup-recovery", daemon=True).start()
     return SweepTimer(runtime, runtime.settings.queue.sweep_interval_s).start()
+
+
+def _done(found: list[StuckJob]) -> int:
+    """How many were acted on: a running job found with its lock free may have just finished (the
+    lock is read after the row), and then nothing is sent."""
+    return sum(job.done for job in found)
 
 
 class SweepTimer:
@@ -200,9 +243,9 @@ class SweepTimer:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                recovered = sweep_once(self.runtime)
+                recovered = _done(sweep_once(self.runtime))
                 if recovered:
-                    log.warning("recovery sweep re-sent %d stuck jobs", len(recovered))
+                    log.warning("recovery sweep re-sent %d stuck jobs", recovered)
             except Exception:
                 log.exception("recovery sweep failed")
 

@@ -64,7 +64,9 @@ class QueueSettings(BaseModel):
         default=60.0, gt=0, description="A running job without a heartbeat this long is dead."
     )
     requeue_after_s: float = Field(
-        default=900.0, ge=0, description="A queued job not started after this long is sent again."
+        default=900.0,
+        ge=0,
+        description="A queued job not started after this long, its message not on the broker, is sent again.",
     )
     sweep_interval_s: float = Field(default=60.0, gt=0, description="Recovery sweep period in workers.")
     max_attempts: int = Field(default=5, ge=1, description="Worker losses before a job is failed.")

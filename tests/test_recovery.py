@@ -254,3 +254,27 @@ def test_an_upload_the_broker_refused_is_completed_by_sending_it_again(make_runt
         assert again.status_code == 202 and again.headers["location"] == location
         wait_for(lambda: client.get(location).json()["status"] == "succeeded", 60, "the batch to end")
         assert client.get(location).json()["ingested"] == 1
+
+
+def test_a_job_that_finished_while_the_sweep_looked_counts_as_nothing_sent(runtime: Runtime) -> None:
+    """The sweep reads a running job's row, then its lock: a job that finished in between looks
+    ownerless, is found, and then nothing is sent; the sweep's log counts only what it did."""
+    from p2p.shared.recovery import _done, _recover_one, find_stuck
+
+    _, job_id = _ingest(runtime)
+    with runtime.session() as session:  # running under a live lease, its lock free: "worker gone"
+        job = session.get(MiningJob, job_id)
+        assert job is not None
+        job.status, job.lease_owner = JobStatus.RUNNING, "w:1:1"
+        job.lease_expires_at = utcnow() + timedelta(seconds=60)
+        session.commit()
+    (found,) = find_stuck(runtime)
+    assert found.action == "requeue" and "lock free" in found.reason
+    with runtime.session() as session:  # ...and it finishes before the sweep acts
+        job = session.get(MiningJob, job_id)
+        assert job is not None
+        job.status, job.lease_owner, job.lease_expires_at = JobStatus.SUCCEEDED, None, None
+        session.commit()
+    acted = _recover_one(runtime, found)
+    assert not acted.done and _done([acted]) == 0
+    assert _job(runtime, job_id).status is JobStatus.SUCCEEDED
