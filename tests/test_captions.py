@@ -686,6 +686,43 @@ def test_evaluate_real_figures_on_hand_made_annotations(tmp_path: Path) -> None:
     assert result["splitter"]["token_f1"] == pytest.approx((3 + 2 * (1 * (1 / 3)) / (1 + 1 / 3)) / 4)
 
 
+def test_evaluate_real_figures_one_split_with_true_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only the split's figures are scored; a figure without a caption has no pairs and is skipped.
+    annotations = {
+        "_notes": "verbatim",
+        "t.jpg": {
+            "caption": "Title. (a) One. (b) Two.",
+            "panels": [{"label": "a"}, {"label": "b"}],
+            "subcaptions": {"preamble": "Title.", "a": "(a) One.", "b": "(b) Two."},
+        },
+        "c.jpg": {
+            "caption": "(a) Uno. (b) Dos.",
+            "panels": [{"label": "a"}, {"label": "b"}],
+            "subcaptions": {"preamble": "", "a": "(a) Uno. (b) Dos.", "b": "(b) Dos."},
+        },
+        "n.jpg": {"caption": None, "panels": [{"label": "a"}], "subcaptions": {}},
+    }
+    path = tmp_path / "annotations.json"
+    path.write_text(json.dumps(annotations), encoding="utf-8")
+    (tmp_path / "splits.json").write_text(
+        json.dumps({"_notes": "x", "tune": ["t.jpg", "n.jpg"], "check": ["c.jpg"]}), encoding="utf-8"
+    )
+    tune = evaluate_real_figures(path, split="tune")
+    assert (tune["captions"], tune["subcaptions"]) == (1, 2)
+    assert tune["splitter"]["exact"] == 1.0
+    check = evaluate_real_figures(path, split="check")
+    assert (check["captions"], check["subcaptions"]) == (1, 2)
+    assert check["splitter"]["exact"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="not in"):
+        evaluate_real_figures(path, split="nope")
+    assert main(["--real", str(path), "--split", "tune"]) == 0
+    assert "real_figures" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--real", str(path), "--split", "nope"])
+
+
 def test_main_prints_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prostate = tmp_path / "tiny.jsonl"
     _write_prostate(prostate)
