@@ -883,3 +883,106 @@ def test_unnamed_marker_note_is_shared_alone_and_the_groups_notes_after_it_stay_
         "(A) Normal gland. (B) Metastasis. Arrows, osteoblasts. Scale = 50 um.", ["A", "B"]
     )
     assert legend.subcaptions["A"] == "(A) Normal gland. Arrows, osteoblasts. Scale = 50 um."
+
+
+# ---------------------------------------------------------------------------------------------
+# Compound labels: letter+digit, letter+roman, primes, and a group introduced before its members
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("(c1-c6)", ["c1", "c2", "c3", "c4", "c5", "c6"]),
+        ("A1\u2013A3", ["A1", "A2", "A3"]),
+        ("(b2, b3)", ["b2", "b3"]),
+        ("Ai", ["Ai"]),
+        ("(Aii)", ["Aii"]),
+        ("Ai\u2013Aiii", ["Ai", "Aii", "Aiii"]),
+        ("Bii and Biv", ["Bii", "Biv"]),
+        ("A'", ["A'"]),
+        ("B\u2032", ["B\u2032"]),
+        ("C\u2019", ["C\u2019"]),
+        ("A'-C'", ["A'", "B'", "C'"]),
+        ("A, A'", ["A", "A'"]),
+        ("A\u2014C", ["A", "B", "C"]),
+    ],
+)
+def test_compound_label_expressions(expression: str, expected: list[str]) -> None:
+    assert expand_label_expression(expression) == expected
+
+
+def test_letter_roman_sub_panels_get_their_own_text() -> None:
+    caption = "Gut morphology. (Ai) Overview of the gut. (Aii) Detail of villi. (B) Quantification of crypts."
+    split = split_caption(caption, ["Ai", "Aii", "B"], labels_complete=True)
+    assert split.preamble == "Gut morphology."
+    assert split.subcaptions == {
+        "Ai": "(Ai) Overview of the gut.",
+        "Aii": "(Aii) Detail of villi.",
+        "B": "(B) Quantification of crypts.",
+    }
+    ranged = split_caption("Title. (Ai\u2013Aiii) Images of the gut. (Bi) Plot of weights.")
+    assert ranged.labels_in_order == ["Ai", "Aii", "Aiii", "Bi"]
+    assert ranged.subcaptions["Aii"] == "(Ai\u2013Aiii) Images of the gut."
+
+
+def test_an_abbreviation_is_no_letter_roman_label() -> None:
+    # "(Bv)" (blood vessel) reads like sub-panel v of B; the panels are A-C, or no series from "Bi".
+    caption = "Rat prostate. (A) Stroma with mast cells around a blood vessel (Bv). (B) Granules. (C) Acini."
+    for labels in (["A", "B", "C"], None):
+        split = split_caption(caption, labels)
+        assert split.labels_in_order == ["A", "B", "C"]
+        assert split.subcaptions["A"] == "(A) Stroma with mast cells around a blood vessel (Bv)."
+
+
+def test_primed_labels_are_panels_of_their_own() -> None:
+    caption = (
+        "Villi. (A) Overview of the gut. (A') Detail of villi. (B) Quantification. "
+        "(B\u2032) Detail of crypts."
+    )
+    # The label reader may print the prime as an apostrophe whatever the caption uses.
+    split = split_caption(caption, ["A", "A'", "B", "B'"], labels_complete=True)
+    assert split.subcaptions == {
+        "A": "(A) Overview of the gut.",
+        "A'": "(A') Detail of villi.",
+        "B": "(B) Quantification.",
+        "B'": "(B\u2032) Detail of crypts.",
+    }
+
+
+def test_a_group_label_before_its_members_goes_to_every_member() -> None:
+    caption = (
+        "Hippocampus. (a) Overview of the brain. (b) Plot of weights. (c) Sections of the hippocampus "
+        "at P7. (c1-c3) Close-ups of CA1, CA3 and DG. (d) Counts of cells."
+    )
+    labels = ["a", "b", "c1", "c2", "c3", "d"]
+    for complete in (True, False):  # annotations, or what the label reader read
+        split = split_caption(caption, labels, labels_complete=complete)
+        assert split.labels_in_order == labels
+        for member in ("c1", "c2", "c3"):
+            assert split.subcaptions[member] == (
+                "(c) Sections of the hippocampus at P7. (c1-c3) Close-ups of CA1, CA3 and DG."
+            )
+        assert split.subcaptions["b"] == "(b) Plot of weights."
+    members = split_caption(
+        "Title. (A) Sections of the hippocampus. (A1) CA1 region. (A2) CA3 region. (B) Counts.",
+        ["A1", "A2", "B"],
+    )
+    assert members.subcaptions["A1"] == "(A) Sections of the hippocampus. (A1) CA1 region."
+    assert members.subcaptions["A2"] == "(A) Sections of the hippocampus. (A2) CA3 region."
+
+
+def test_a_group_label_that_is_a_panel_keeps_its_own_text() -> None:
+    caption = "Title. (A) Overview. (B) Sections. (B1\u2013B3) Close-ups of CA1, CA3 and DG. (C) Counts."
+    split = split_caption(caption, ["A", "B", "B1", "B2", "B3", "C"], labels_complete=True)
+    assert split.subcaptions["B"] == "(B) Sections."
+    assert split.subcaptions["B2"] == "(B1\u2013B3) Close-ups of CA1, CA3 and DG."
+
+
+def test_a_sentence_naming_a_group_label_goes_to_its_members() -> None:
+    caption = (
+        "Title. (a) Overview of the brain. (b1, b2) Close-ups of CA1 and CA3. "
+        "Scale bars, 100 \u00b5m (a) and 10 \u00b5m (b)."
+    )
+    split = split_caption(caption, ["a", "b1", "b2"], labels_complete=True)
+    assert split.subcaptions["b1"].endswith("Scale bars, 100 \u00b5m (a) and 10 \u00b5m (b).")
+    assert split.subcaptions["a"].endswith("Scale bars, 100 \u00b5m (a) and 10 \u00b5m (b).")

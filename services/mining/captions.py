@@ -98,8 +98,15 @@ __all__ = [
 
 _DASH_CHARS = "-\u2010\u2011\u2012\u2013\u2014\u2212"
 _DASH = "[" + _DASH_CHARS + "]"
-# One label token: "1a", "B1", "iii", "A", "12". Never glued to other letters or digits.
-_TOK = r"(?<!\w)(?:\d{1,2}[A-Za-z]|[A-Za-z]\d{1,2}|[ivxIVX]{2,5}|[A-Za-z]|\d{1,2})(?!\w)"
+# Prime marks after a letter: "A'", "B" + U+2032 (prime), U+2019 (typeset apostrophe), U+2033 (double).
+_PRIME_CHARS = "'\u2032\u2019\u2033\u2034"
+_PRIME_COUNT = {"\u2033": 2, "\u2034": 3}
+# One label token: "1a", "B1", "Aii" (a letter and its roman sub-panel), "A'" (primed), "iii",
+# "A", "12". Never glued to other letters or digits.
+_TOK = (
+    r"(?<!\w)(?:\d{1,2}[A-Za-z]|[A-Za-z]\d{1,2}|[A-Z](?:i{1,3}|iv|vi{0,3}|ix|x)"
+    r"|[A-Za-z][" + _PRIME_CHARS + r"]{1,3}|[ivxIVX]{2,5}|[A-Za-z]|\d{1,2})(?!\w)"
+)
 _SEP = (
     r"(?:\s{0,3},\s{0,3}(?:and\s{1,3}|&\s{0,3}|or\s{1,3})?"
     r"|\s{0,3}" + _DASH + r"\s{0,3}"
@@ -212,9 +219,17 @@ _ROMAN_VALUE = {_ROMAN_TENS[t] + _ROMAN_UNITS[u]: 10 * t + u for t in range(4) f
 del _ROMAN_VALUE[""]
 _ROMAN_OF = {v: k for k, v in _ROMAN_VALUE.items()}
 
-# Key of a label: (system, major, minor). Systems: 0 letters (minor = digit of "B1"),
-# 1 roman numerals, 2 numbers (minor = letter of "1a"), 3 position words.
+# Key of a label: (system, major, minor). Systems: 0 letters (minor = digit of "B1", numeral of
+# "Bii", or _PRIME_MINOR per prime of "B'"), 1 roman numerals, 2 numbers (minor = letter of "1a"),
+# 3 position words.
 Key = tuple[int, int, int]
+_PRIME_MINOR = 100
+_LETTER_ROMAN_RE = re.compile(r"([A-Z])(i{1,3}|iv|vi{0,3}|ix|x)")
+_LETTER_PRIME_RE = re.compile(r"([A-Za-z])([" + _PRIME_CHARS + r"]{1,3})")
+
+
+def _prime_count(marks: str) -> int:
+    return sum(_PRIME_COUNT.get(ch, 1) for ch in marks)
 
 
 def normalize_label(token: str) -> str:
@@ -254,6 +269,13 @@ def _parse_token(token: str, roman: bool) -> Key | None:
     m = re.fullmatch(r"([A-Za-z])(\d{1,2})", token)
     if m:
         return (0, _LETTERS.index(m.group(1).lower()), int(m.group(2)))
+    m = _LETTER_ROMAN_RE.fullmatch(token)
+    if m:
+        return (0, _LETTERS.index(m.group(1).lower()), _ROMAN_VALUE[m.group(2)])
+    m = _LETTER_PRIME_RE.fullmatch(token)
+    if m:
+        count = _prime_count(m.group(2))
+        return (0, _LETTERS.index(m.group(1).lower()), _PRIME_MINOR * count) if count <= 3 else None
     low = token.lower()
     if low in _ROMAN_VALUE and (token.islower() or token.isupper()):
         return (1, _ROMAN_VALUE[low], 0)
@@ -266,6 +288,11 @@ def _label_text(key: Key, like: str) -> str:
     upper = like[:1].isupper() or (like[-1:].isupper() and not like[-1:].isdigit())
     if system == 0:
         letter = _LETTERS[major].upper() if like[:1].isupper() else _LETTERS[major]
+        if minor >= _PRIME_MINOR:
+            mark = like[-1] if like[-1:] in _PRIME_CHARS[:3] else "'"
+            return letter + mark * (minor // _PRIME_MINOR)
+        if minor and _LETTER_ROMAN_RE.fullmatch(like):
+            return letter + _ROMAN_OF[minor]
         return letter + (str(minor) if minor else "")
     if system == 1:
         text = _ROMAN_OF.get(major, str(major))
@@ -301,6 +328,9 @@ def _expand(expr: str, roman: bool) -> tuple[tuple[str, Key], ...]:
                 keys = [(0, i, 0) for i in range(first_key[1] + 1, key[1] + 1)]
             elif first_key[0] in (1, 2) and first_key[2] == 0 and key[2] == 0:
                 keys = [(first_key[0], i, 0) for i in range(first_key[1] + 1, key[1] + 1)]
+            elif first_key[0] == 0 and first_key[2] == key[2] >= _PRIME_MINOR:
+                # "A'-C'": primed letters
+                keys = [(0, i, key[2]) for i in range(first_key[1] + 1, key[1] + 1)]
             elif first_key[1] == key[1] or (first_key[0] == 0 and first_key[2] and key[2]):
                 # "B1-B3", "1a-1c": same major, minor range
                 if first_key[1] != key[1]:
@@ -785,6 +815,8 @@ def _select(
         labels = _expand(cand.expr, roman)
         if not labels:
             continue
+        if hint is not None and hint.keys:
+            labels = _members_for_groups(labels, hint)
         keys = [k for _, k in labels]
         if len({k[0] for k in keys}) != 1:
             continue
@@ -796,6 +828,8 @@ def _select(
         if letters and upper is not None and letters[0][:1].isupper() != upper:
             continue
         in_hint = hint is not None and bool(hint.keys) and all(k in hint.keys for k in keys)
+        if not in_hint and not _roman_members_ok(labels, hint, covered):
+            continue  # "(Bv)" is a blood vessel, not sub-panel v of B
         if (
             hint is not None
             and hint.keys
@@ -889,6 +923,42 @@ def _select(
         if len(keys) > 1:
             groups.append(split)
     return splits
+
+
+def _members_of(key: Key, keys: dict[Key, str] | set[Key]) -> list[Key]:
+    """The sub-panels ("c1", "Cii", "C'") among ``keys`` of a plain label ("c")."""
+    if key[2] or key[0] not in (0, 2):
+        return []
+    return sorted(k for k in keys if k[0] == key[0] and k[1] == key[1] and k[2])
+
+
+def _members_for_groups(labels: tuple[tuple[str, Key], ...], hint: _Hint) -> tuple[tuple[str, Key], ...]:
+    """A plain label the hint lacks whose sub-panels it has ("(c) Sections ... (c1-c6) ..." with
+    panels c1 to c6) names the group of them: "c" stands for c1 ... c6."""
+    if all(key in hint.keys for _, key in labels):
+        return labels
+    out: list[tuple[str, Key]] = []
+    for text, key in labels:
+        members = _members_of(key, hint.keys) if key not in hint.keys else []
+        if members:
+            out.extend((hint.keys[m], m) for m in members if all(m != k for _, k in out))
+        elif all(key != k for _, k in out):
+            out.append((text, key))
+    return tuple(out)
+
+
+def _roman_members_ok(labels: tuple[tuple[str, Key], ...], hint: _Hint | None, covered: set[Key]) -> bool:
+    """Letter+roman labels ("Aii") the hint does not name: none when there is a hint, else only
+    a series counted from "i" ("(Ai) ... (Aii)", "(Bi-Biii)"): "(Bv)" is an abbreviation."""
+    for text, key in labels:
+        if key[0] != 0 or not key[2] or not _LETTER_ROMAN_RE.fullmatch(text):
+            continue
+        if hint is not None and hint.keys and key not in hint.keys:
+            return False
+        first = (0, key[1], 1)
+        if key != first and first not in covered and first not in {k for _, k in labels}:
+            return False
+    return True
 
 
 def _bare_number_run(cands: list[_Candidate]) -> bool:
@@ -998,8 +1068,12 @@ def _named_labels(
 
     def add(expr: str) -> None:
         for t, k in _expand(expr, roman):
-            if k in known and (upper is None or k[0] not in (0, 1) or t[:1].isupper() == upper):
+            if upper is not None and k[0] in (0, 1) and t[:1].isupper() != upper:
+                continue
+            if k in known:
                 names.add(known[k])
+            else:  # "Scale bar, 50 µm (c)" with panels c1 to c3: the group's
+                names.update(known[m] for m in _members_of(k, known))
 
     spans: list[tuple[int, int]] = []
     for m in _PAREN_RE.finditer(chunk):
@@ -1510,7 +1584,8 @@ def _complete_hint(text: str, labels: list[str]) -> list[str]:
         if key is not None and key[0] != 3:
             own_keys.setdefault(key, lab)
     agree = sum(key in own_keys for key in hint.keys)
-    extra = [lab for key, lab in own_keys.items() if key not in hint.keys]
+    # A group label whose members the hint has ("c" of c1-c6) names them, it is no panel.
+    extra = [lab for key, lab in own_keys.items() if key not in hint.keys and not _members_of(key, hint.keys)]
     if not extra or agree < (len(hint.keys) if len(hint.keys) <= 2 else len(hint.keys) - 1):
         return labels
     return [*labels, *extra]
