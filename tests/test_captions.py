@@ -986,3 +986,17 @@ def test_a_sentence_naming_a_group_label_goes_to_its_members() -> None:
     split = split_caption(caption, ["a", "b1", "b2"], labels_complete=True)
     assert split.subcaptions["b1"].endswith("Scale bars, 100 \u00b5m (a) and 10 \u00b5m (b).")
     assert split.subcaptions["a"].endswith("Scale bars, 100 \u00b5m (a) and 10 \u00b5m (b).")
+
+
+def test_a_label_after_a_sentence_ending_in_a_reference_word_starts_a_fragment() -> None:
+    # "figure." ends the title; only an abbreviation's full stop ("Fig. 5b") keeps a reference.
+    caption = (
+        "Figure 2. Lysates used throughout the figure. (A) Western blot of lysates. "
+        "(B) Quantification of the blots, as in Fig. 1B. Data are mean \u00b1 SEM."
+    )
+    split = split_caption(caption, ["A", "B"], labels_complete=True)
+    assert split.preamble == "Figure 2. Lysates used throughout the figure."
+    assert split.subcaptions["A"] == "(A) Western blot of lysates. Data are mean \u00b1 SEM."
+    assert split.subcaptions["B"].startswith("(B) Quantification of the blots, as in Fig. 1B.")
+    unhinted = split_caption("Methods as in the main table. (a) Images. (b) Counts.")
+    assert unhinted.labels_in_order == ["a", "b"]

@@ -170,6 +170,10 @@ _REFERENCE_WORDS = frozenset(
     {"fig", "figs", "figure", "figures", "table", "tables", "suppl", "supplementary", "eq", "eqs"}
     | {"ref", "refs", "no", "nos", "vs", "versus", "cf", "see", "as", "than", "like", "e.g", "i.e", "al"}
 )
+# Reference words whose full stop is an abbreviation's ("Fig. 5b"), not a sentence end.
+_REFERENCE_ABBREVIATIONS = frozenset(
+    {"fig", "figs", "suppl", "eq", "eqs", "ref", "refs", "no", "nos", "vs", "cf", "e.g", "i.e", "al"}
+)
 _REFERENCE_PAIRS = frozenset(
     {
         ("compared", "with"),
@@ -194,6 +198,8 @@ def _is_reference_context(text: str, pos: int) -> bool:
     if not m:
         return False
     last = m.group(2).lower().rstrip(".")
+    if pre.endswith(".") and last not in _REFERENCE_ABBREVIATIONS:
+        return False  # "... of the figure. (A) ...": a sentence ended, a new one starts
     before = (m.group(1) or "").lower().rstrip(".")
     return last in _REFERENCE_WORDS or (before, last) in _REFERENCE_PAIRS
 
