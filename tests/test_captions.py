@@ -1000,3 +1000,27 @@ def test_a_label_after_a_sentence_ending_in_a_reference_word_starts_a_fragment()
     assert split.subcaptions["B"].startswith("(B) Quantification of the blots, as in Fig. 1B.")
     unhinted = split_caption("Methods as in the main table. (a) Images. (b) Counts.")
     assert unhinted.labels_in_order == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("A1-3", ["A1", "A2", "A3"]),
+        ("(c1\u20136)", ["c1", "c2", "c3", "c4", "c5", "c6"]),
+        ("(b2\u20134)", ["b2", "b3", "b4"]),
+        ("Ai-iii", ["Ai", "Aii", "Aiii"]),
+        ("(Ai, ii)", ["Ai", "Aii"]),
+        ("A\u2013C, A\u2032\u2013C\u2032", ["A", "B", "C", "A\u2032", "B\u2032", "C\u2032"]),
+        ("H & E", []),
+    ],
+)
+def test_sub_panels_written_without_their_letter(expression: str, expected: list[str]) -> None:
+    assert expand_label_expression(expression) == expected
+
+
+def test_short_sub_panel_ranges_split_a_caption() -> None:
+    caption = "Title. (A1-3) Confocal images of neurons. (B1-2) Quantification of spines. (C) Summary."
+    split = split_caption(caption, ["A1", "A2", "A3", "B1", "B2", "C"], labels_complete=True)
+    assert split.subcaptions["A3"] == "(A1-3) Confocal images of neurons."
+    assert split.subcaptions["B1"] == "(B1-2) Quantification of spines."
+    assert split.subcaptions["C"] == "(C) Summary."

@@ -319,9 +319,14 @@ def _expand(expr: str, roman: bool) -> tuple[tuple[str, Key], ...]:
         between = expr[pos : m.start()]
         pos = m.end()
         token = m.group(0)
-        key = _parse_token(token, roman)
-        if key is None:
-            return ()
+        short = _short_member(pieces[-1] if pieces else None, token)
+        if short is not None:
+            token, key = short
+        else:
+            parsed = _parse_token(token, roman)
+            if parsed is None:
+                return ()
+            key = parsed
         if pieces and _RANGE_WORD_RE.fullmatch(re.sub(r"[()\[\]]", "", between)):
             pending_range = True
         if pending_range:
@@ -350,8 +355,9 @@ def _expand(expr: str, roman: bool) -> tuple[tuple[str, Key], ...]:
             pieces.append((token, key))
             pending_range = False
             continue
-        if pieces and key <= pieces[-1][1]:
-            return ()  # lists go up: "H & E" is a stain, not panels H and E
+        if pieces and key <= pieces[-1][1] and not (key[2] >= _PRIME_MINOR > pieces[-1][1][2]):
+            # lists go up: "H & E" is a stain, not panels H and E ("A-C, A'-C'" starts the primes)
+            return ()
         pieces.append((token, key))
     if not pieces:
         return ()
@@ -362,6 +368,23 @@ def _expand(expr: str, roman: bool) -> tuple[tuple[str, Key], ...]:
             seen.add(key)
             out.append((text, key))
     return tuple(out)
+
+
+def _short_member(previous: tuple[str, Key] | None, token: str) -> tuple[str, Key] | None:
+    """A sub-panel written without its letter after one written in full: "A1-3" is A1 to A3,
+    "(Ai, ii)" is Ai and Aii, "c1-6" is c1 to c6. (text, key) of it, or None."""
+    if previous is None:
+        return None
+    text, key = previous
+    if key[0] != 0 or not 0 < key[2] < _PRIME_MINOR:
+        return None
+    if _LETTER_ROMAN_RE.fullmatch(text):
+        value = _ROMAN_VALUE.get(token) if token.islower() else None
+    else:
+        value = int(token) if token.isdigit() else None
+    if not value:
+        return None
+    return text[0] + token, (0, key[1], value)
 
 
 def _roman_wanted(expr: str, hint_roman: bool | None) -> bool:
