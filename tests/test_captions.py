@@ -1044,3 +1044,38 @@ def test_a_label_after_a_number_starts_a_fragment_when_a_capitalised_clause_foll
         "Title. (a) Counts, P < 0.05 (b) versus control. (b) Weights.", ["a", "b"], labels_complete=True
     )
     assert footnote.subcaptions["a"] == "(a) Counts, P < 0.05 (b) versus control."
+
+
+def test_sub_panels_of_a_panel_printed_whole_are_part_of_its_text() -> None:
+    # The image prints only a, b, c; the caption details a as a1-a3 (or A as A').
+    caption = (
+        "Title. (a) Overview of the brain. (a1\u2013a3) Close-ups of CA1, CA3 and DG. "
+        "(b) Counts. (c) Weights."
+    )
+    for complete in (True, False):
+        split = split_caption(caption, ["a", "b", "c"], labels_complete=complete)
+        assert split.labels_in_order == ["a", "b", "c"]
+        assert (
+            split.subcaptions["a"] == "(a) Overview of the brain. (a1\u2013a3) Close-ups of CA1, CA3 and DG."
+        )
+        assert split.subcaptions["b"] == "(b) Counts."
+    primed = split_caption(
+        "Title. (A) Overview. (A\u2032) Close-up of CA1. (B) Counts. (B\u2032) Weights.", ["A", "B"]
+    )
+    assert primed.subcaptions == {
+        "A": "(A) Overview. (A\u2032) Close-up of CA1.",
+        "B": "(B) Counts. (B\u2032) Weights.",
+    }
+
+
+def test_sub_panel_like_abbreviations_before_their_panel_stay_text() -> None:
+    # "(G5)" is a Gleason grade, "(Cx)" castrated tissue: not parts of panels G and C.
+    caption = (
+        "PLZF. F. Negative stain in Comedo type PCa (G5). G. Negative stain in a bone metastasis. "
+        "H. Stain in castrate-recovery (Cx) tissue."
+    )
+    split = split_caption(caption, ["F", "G", "H"], labels_complete=True)
+    assert split.subcaptions["F"] == "F. Negative stain in Comedo type PCa (G5)."
+    assert split.subcaptions["G"] == "G. Negative stain in a bone metastasis."
+    cx = split_caption("Title. (A) Tissue of the castrate-recovery (Cx) rats. (B) Vehicle.", ["A", "B", "C"])
+    assert cx.subcaptions["A"] == "(A) Tissue of the castrate-recovery (Cx) rats."

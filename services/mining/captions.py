@@ -863,6 +863,8 @@ def _select(
         if letters and upper is not None and letters[0][:1].isupper() != upper:
             continue
         in_hint = hint is not None and bool(hint.keys) and all(k in hint.keys for k in keys)
+        if not in_hint and hint is not None and _part_of_whole(keys, hint):
+            continue  # "(a) ... (a1-a3) Close-ups ...": more of a's text
         if not in_hint and not _roman_members_ok(labels, hint, covered):
             continue  # "(Bv)" is a blood vessel, not sub-panel v of B
         if (
@@ -975,11 +977,25 @@ def _members_for_groups(labels: tuple[tuple[str, Key], ...], hint: _Hint) -> tup
     out: list[tuple[str, Key]] = []
     for text, key in labels:
         members = _members_of(key, hint.keys) if key not in hint.keys else []
-        if members:
-            out.extend((hint.keys[m], m) for m in members if all(m != k for _, k in out))
-        elif all(key != k for _, k in out):
-            out.append((text, key))
+        named = [(hint.keys[m], m) for m in members] or [(text, key)]
+        out.extend(item for item in named if all(item[1] != k for _, k in out))
     return tuple(out)
+
+
+def _parent_of(key: Key, keys: dict[Key, str] | set[Key]) -> Key | None:
+    """The plain label among ``keys`` of a sub-panel ("a" of "a2") when ``keys`` has none of its
+    sub-panels (the panel is "a" as a whole)."""
+    if key[0] not in (0, 2) or not key[2]:
+        return None
+    parent = (key[0], key[1], 0)
+    return parent if parent in keys and not _members_of(parent, keys) else None
+
+
+def _part_of_whole(keys: list[Key], hint: _Hint) -> bool:
+    """Sub-panels the hint lacks of panels it has whole: after that panel's own text part of it
+    ("(a) ... (a1-a3) Close-ups ..." with panels a, b, c), before it an abbreviation ("Comedo
+    type PCa (G5). G. ..."); never a fragment start of their own."""
+    return all(key not in hint.keys and _parent_of(key, hint.keys) is not None for key in keys)
 
 
 def _roman_members_ok(labels: tuple[tuple[str, Key], ...], hint: _Hint | None, covered: set[Key]) -> bool:
@@ -1619,8 +1635,13 @@ def _complete_hint(text: str, labels: list[str]) -> list[str]:
         if key is not None and key[0] != 3:
             own_keys.setdefault(key, lab)
     agree = sum(key in own_keys for key in hint.keys)
-    # A group label whose members the hint has ("c" of c1-c6) names them, it is no panel.
-    extra = [lab for key, lab in own_keys.items() if key not in hint.keys and not _members_of(key, hint.keys)]
+    # A group label whose members the hint has ("c" of c1-c6) names them, it is no panel; a
+    # sub-panel of a hinted panel that has none ("a2" of a) is part of it.
+    extra = [
+        lab
+        for key, lab in own_keys.items()
+        if key not in hint.keys and not _members_of(key, hint.keys) and _parent_of(key, hint.keys) is None
+    ]
     if not extra or agree < (len(hint.keys) if len(hint.keys) <= 2 else len(hint.keys) - 1):
         return labels
     return [*labels, *extra]
