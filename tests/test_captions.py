@@ -1079,3 +1079,14 @@ def test_sub_panel_like_abbreviations_before_their_panel_stay_text() -> None:
     assert split.subcaptions["G"] == "G. Negative stain in a bone metastasis."
     cx = split_caption("Title. (A) Tissue of the castrate-recovery (Cx) rats. (B) Vehicle.", ["A", "B", "C"])
     assert cx.subcaptions["A"] == "(A) Tissue of the castrate-recovery (Cx) rats."
+
+
+def test_labels_inside_a_hyphenated_word_name_no_panel() -> None:
+    # "C-C3-positive" (cleaved caspase-3) reads like "C to C3": it names no panel C.
+    caption = (
+        "Title. (A) Survival plot. (B) Histology. (C) Weights of mice. (D, E) Sections stained with a "
+        "cleaved-caspase-3 (C-C3) antibody in (D). C-C3-positive cells were counted and quantified in (E)."
+    )
+    split = split_caption(caption, ["A", "B", "C", "D", "E"], labels_complete=True)
+    assert split.subcaptions["C"] == "(C) Weights of mice."
+    assert split.subcaptions["E"].endswith("C-C3-positive cells were counted and quantified in (E).")

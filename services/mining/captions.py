@@ -1100,6 +1100,10 @@ _REF_VERB_AFTER_RE = re.compile(
 )
 
 
+_HYPHEN_GLUE_RE = re.compile(_DASH + r"[A-Za-z0-9]")
+_HYPHEN_GLUED_RE = re.compile(r"[A-Za-z0-9]" + _DASH + r"$")
+
+
 @dataclass
 class _Segment:
     start: int
@@ -1137,6 +1141,10 @@ def _named_labels(
         if si < len(spans) and spans[si][0] <= m.start():
             continue
         expr = m.group(0)
+        if _HYPHEN_GLUE_RE.match(chunk, m.end()) or _HYPHEN_GLUED_RE.search(
+            chunk, max(0, m.start() - 2), m.start()
+        ):
+            continue  # "C-C3-positive cells", "anti-B-C": part of a hyphenated word
         if len(_TOKEN_RE.findall(expr)) >= 2:
             add(expr)
         elif _SINGLE_REF_BEFORE_RE.search(chunk[max(0, m.start() - 12) : m.start()]):
