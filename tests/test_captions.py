@@ -1090,3 +1090,19 @@ def test_labels_inside_a_hyphenated_word_name_no_panel() -> None:
     split = split_caption(caption, ["A", "B", "C", "D", "E"], labels_complete=True)
     assert split.subcaptions["C"] == "(C) Weights of mice."
     assert split.subcaptions["E"].endswith("C-C3-positive cells were counted and quantified in (E).")
+
+
+def test_labels_named_with_the_word_panel() -> None:
+    caption = (
+        "Title. Panel A: Cells at 37 \u00b0C. Panels B and C. Images of cells. Panel D shows the counts. "
+        "Data in panel D are mean \u00b1 SD."
+    )
+    split = split_caption(caption, ["A", "B", "C", "D"], labels_complete=True)
+    assert split.preamble == "Title."
+    assert split.subcaptions == {
+        "A": "Panel A: Cells at 37 \u00b0C.",
+        "B": "Panels B and C. Images of cells.",
+        "C": "Panels B and C. Images of cells.",
+        "D": "Panel D shows the counts. Data in panel D are mean \u00b1 SD.",
+    }
+    assert split_caption(caption).labels_in_order == ["A", "B", "C", "D"]

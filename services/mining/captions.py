@@ -131,9 +131,9 @@ _PAREN_CONT_RE = re.compile(
 # Bare labels at a fragment start: "A. ", "A) ", "A and C: ", "A, ", "a Filtered", "b, c The".
 _BARE_RE = re.compile(
     # Glued to a one-letter abbreviation ("s.d.", "e.g.") a letter is not a label "d." / "g.".
-    r"(?:^|(?<=[;:!?,\n])\s{0,5}|(?<=\.)\s{1,5}|(?<=\.)(?<!\b[a-z]\.)|(?<=\))\s{1,5})(?P<expr>"
-    + _EXPR
-    + r")(?P<term>\.(?=\s)|\)|:|,(?=\s)|(?=\s))"
+    # "Panel A:", "Panels B and C." name their labels with a word.
+    r"(?:^|(?<=[;:!?,\n])\s{0,5}|(?<=\.)\s{1,5}|(?<=\.)(?<!\b[a-z]\.)|(?<=\))\s{1,5})"
+    r"(?P<word>[Pp]anels?\s{1,3})?(?P<expr>" + _EXPR + r")(?P<term>\.(?=\s)|\)|:|,(?=\s)|(?=\s))"
 )
 # Work bounds for pathological input (real captions stay far below them).
 _MAX_CANDIDATES = 500
@@ -647,19 +647,20 @@ def _find_candidates(text: str) -> list[_Candidate]:
         found += 1
         if found > 2 * _MAX_CANDIDATES:
             break
-        pos, end = m.start("expr"), m.end()
+        pos, end = m.start("word" if m.group("word") else "expr"), m.end()
         if in_paren(pos, state):
             continue
         term = m.group("term")
         form = {".": "dot", ")": "half", ":": "colon", ",": "comma"}.get(term, "space")
-        if form == "half" and opened.inside(pos):
+        if form == "half" and (opened.inside(pos) or m.group("word")):
             continue  # "(anti-CD34, E-H)": the end of a parenthesis
         if _boundary_kind(text, pos) == "comma" and _LIST_BEFORE_RE.search(text, max(0, pos - 8), pos):
             continue  # "identical in b,e. Next": the end of a list of labels, not a new label
         if form == "space":
-            # "a Filtered", "a *10": the next word must not be a lower-case word ("A mouse").
+            # "a Filtered", "a *10": the next word must not be a lower-case word ("A mouse"),
+            # unless a word names the label ("Panel B shows ...").
             nxt = _skip_spaces(text, end)
-            if nxt >= len(text) or text[nxt].islower():
+            if nxt >= len(text) or (text[nxt].islower() and not m.group("word")):
                 continue
             if not text[nxt].isupper() and _boundary_kind(text, pos) == "comma":
                 continue  # ", a 4-mm metastasis": an article
