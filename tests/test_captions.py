@@ -1106,3 +1106,18 @@ def test_labels_named_with_the_word_panel() -> None:
         "D": "Panel D shows the counts. Data in panel D are mean \u00b1 SD.",
     }
     assert split_caption(caption).labels_in_order == ["A", "B", "C", "D"]
+
+
+def test_group_members_named_mid_sentence_are_references() -> None:
+    # Only "(a)" opens a clause of its own if any does; "(b)" after a comma is one more reference.
+    caption = "Title. (a\u2013c) Cells at 37 \u00b0C in (a) control, (b) drug and (c) both. (d) Counts."
+    split = split_caption(caption, ["a", "b", "c", "d"], labels_complete=True)
+    whole = "(a\u2013c) Cells at 37 \u00b0C in (a) control, (b) drug and (c) both."
+    assert [split.subcaptions[x] for x in "abc"] == [whole, whole, whole]
+    # Members that start clauses of their own still do.
+    listed = split_caption(
+        "Title. (A\u2013C) Cells at 37 \u00b0C. (A) Control, (B) drug, (C) both. (D) Counts.",
+        ["A", "B", "C", "D"],
+        labels_complete=True,
+    )
+    assert listed.subcaptions["B"] == "(A\u2013C) Cells at 37 \u00b0C. (B) drug"

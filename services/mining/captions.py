@@ -901,6 +901,8 @@ def _select(
                 continue
             if not ((leading and cand.form in ("paren", "half", "dot", "colon")) or trailing):
                 continue
+            if leading and cand.boundary == "comma" and not done:
+                continue  # "(a-c) Cells in (a) control, (b) drug and (c) both.": references
             refined.update(keys)
             splits.append(
                 _Split(
