@@ -11,10 +11,18 @@ Label conventions
   labels and still end clauses with them ("(iii) ... stained (arrows) and S6 was found (iv).").
 * Ranges and lists: "A-D", "a-c" with an en dash, "(D-F)", "(B, C)", "B and C", "(a,b)",
   "((a), (b))", "(c, d, and e)", "(B) and C)", "(image A and B)", "(C, in red, 200*)".
-* Compound labels ("1a", "B1"), either case, roman numerals when the caption (or the hint) counts
-  with them, position words ("Left panel:", "Top:", "(right)") when a caption has no letters.
+* Compound labels ("1a", "B1", "c1-c6", "A1-3"), letter + roman sub-panels ("Ai", "(Aii)",
+  "Ai-iii"), primes ("A'", "B" + U+2032, U+2019, U+2033; "A'-C'"), either case, roman numerals
+  when the caption (or the hint) counts with them, position words ("Left panel:", "Top:",
+  "(right)") when a caption has no letters, a word before a bare label ("Panel A:", "Panels B
+  and C."). A letter + roman token is a label only in a series from "i" or when the hint names
+  it ("blood vessel (Bv)" is text).
 * A group and then its members: "(A-C) ... (A) ... (B) ..." or "(b-d) H&E staining at 1 month (b),
-  at 3 months (c) and at 6 months (d)." gives each member the group text and its own clause.
+  at 3 months (c) and at 6 months (d)." gives each member the group text and its own clause. A
+  plain label the hint lacks whose sub-panels it has ("(c) Sections ... (c1-c6) ..." with panels
+  c1 to c6) is such a group: its text, and sentences naming it, go to every member. Sub-panels the
+  hint lacks of a panel it has whole ("(a) ... (a1-a3) Close-ups ..." with panels a, b, c) are
+  part of that panel's text.
 
 Inline references never start fragments: a label already described ("(b) of the SMNp", "as in
 (A)"), a reference word before it ("Fig. 5b", "compared with (b)", "see (C)"), a number before it
