@@ -902,6 +902,8 @@ def test_unnamed_marker_note_is_shared_alone_and_the_groups_notes_after_it_stay_
         ("A'", ["A'"]),
         ("B\u2032", ["B\u2032"]),
         ("C\u2019", ["C\u2019"]),
+        ("D\u02b9", ["D\u02b9"]),
+        ("(A\u2033)", ["A\u2032\u2032"]),  # NFKC: a double prime is two primes
         ("A'-C'", ["A'", "B'", "C'"]),
         ("A, A'", ["A", "A'"]),
         ("A\u2014C", ["A", "B", "C"]),

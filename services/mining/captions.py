@@ -106,8 +106,9 @@ __all__ = [
 
 _DASH_CHARS = "-\u2010\u2011\u2012\u2013\u2014\u2212"
 _DASH = "[" + _DASH_CHARS + "]"
-# Prime marks after a letter: "A'", "B" + U+2032 (prime), U+2019 (typeset apostrophe), U+2033 (double).
-_PRIME_CHARS = "'\u2032\u2019\u2033\u2034"
+# Prime marks after a letter: "A'", "B" + U+2032 (prime), U+2019 (typeset apostrophe), U+02B9 /
+# U+02BC (modifier letter prime / apostrophe), U+2033 / U+2034 (double / triple prime).
+_PRIME_CHARS = "'\u2032\u2019\u02b9\u02bc\u2033\u2034"
 _PRIME_COUNT = {"\u2033": 2, "\u2034": 3}
 # One label token: "1a", "B1", "Aii" (a letter and its roman sub-panel), "A'" (primed), "iii",
 # "A", "12". Never glued to other letters or digits.
@@ -303,7 +304,7 @@ def _label_text(key: Key, like: str) -> str:
     if system == 0:
         letter = _LETTERS[major].upper() if like[:1].isupper() else _LETTERS[major]
         if minor >= _PRIME_MINOR:
-            mark = like[-1] if like[-1:] in _PRIME_CHARS[:3] else "'"
+            mark = like[-1] if like[-1:] in _PRIME_CHARS[:5] else "'"
             return letter + mark * (minor // _PRIME_MINOR)
         if minor and _LETTER_ROMAN_RE.fullmatch(like):
             return letter + _ROMAN_OF[minor]
