@@ -1123,3 +1123,28 @@ def test_group_members_named_mid_sentence_are_references() -> None:
         labels_complete=True,
     )
     assert listed.subcaptions["B"] == "(A\u2013C) Cells at 37 \u00b0C. (B) drug"
+
+
+def test_members_named_by_their_numbers_alone_after_their_group() -> None:
+    # The image prints Ai and Aii (A1-A3); the caption says "(A) ... (i) ... (ii) ...".
+    caption = "Title. (A) Sections of the hippocampus: (i) CA1 region; (ii) CA3 region. (B) Counts of cells."
+    split = split_caption(caption, ["Ai", "Aii", "B"], labels_complete=True)
+    assert split.subcaptions == {
+        "Ai": "(A) Sections of the hippocampus: (i) CA1 region;",
+        "Aii": "(A) Sections of the hippocampus: (ii) CA3 region.",
+        "B": "(B) Counts of cells.",
+    }
+    digits = split_caption(
+        "Title. (A1\u2013A3) Sections. (1) CA1 region. (2, 3) CA3 region. (B) Counts.",
+        ["A1", "A2", "A3", "B"],
+        labels_complete=True,
+    )
+    assert digits.subcaptions["A1"] == "(A1\u2013A3) Sections. (1) CA1 region."
+    assert digits.subcaptions["A3"] == "(A1\u2013A3) Sections. (2, 3) CA3 region."
+    # Numbers inside a sentence stay references: "at 1 (i) and 2 (ii) months".
+    inline = split_caption(
+        "Title. (A) Sections at 1 (i) and 2 (ii) months. (B) Counts.",
+        ["Ai", "Aii", "B"],
+        labels_complete=True,
+    )
+    assert inline.subcaptions["Ai"] == inline.subcaptions["Aii"] == "(A) Sections at 1 (i) and 2 (ii) months."

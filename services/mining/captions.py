@@ -857,7 +857,7 @@ def _select(
     for cand in cands:
         if cand.blocked or (cand.after_number and not post_mode):
             continue
-        labels = _expand(cand.expr, roman)
+        labels = (groups and _members_by_number(cand.expr, groups[-1])) or _expand(cand.expr, roman)
         if not labels:
             continue
         if hint is not None and hint.keys:
@@ -992,6 +992,27 @@ def _members_for_groups(labels: tuple[tuple[str, Key], ...], hint: _Hint) -> tup
         named = [(hint.keys[m], m) for m in members] or [(text, key)]
         out.extend(item for item in named if all(item[1] != k for _, k in out))
     return tuple(out)
+
+
+def _members_by_number(expr: str, group: _Split) -> tuple[tuple[str, Key], ...]:
+    """Members of the last group named by their numbers alone: "(A) Sections. (i) CA1. (ii) CA3."
+    with panels Ai and Aii (or "(A1-A3) ... (1) ... (2) ..."). () when ``expr`` is not that."""
+    texts = group.labels
+    if len({k[1] for k in group.keys}) != 1 or any(
+        k[0] != 0 or not 0 < k[2] < _PRIME_MINOR for k in group.keys
+    ):
+        return ()
+    letter_roman = all(_LETTER_ROMAN_RE.fullmatch(t) for t in texts)
+    if not letter_roman and not all(re.fullmatch(r"[A-Za-z]\d{1,2}", t) for t in texts):
+        return ()
+    tokens = _TOKEN_RE.findall(expr)
+    if not tokens or not all((t in _ROMAN_VALUE) if letter_roman else t.isdigit() for t in tokens):
+        return ()
+    named = _expand(expr, letter_roman)
+    major = group.keys[0][1]
+    by_minor = {k[2]: t for t, k in zip(texts, group.keys, strict=False)}
+    out = tuple((by_minor[k[1]], (0, major, k[1])) for _, k in named if k[1] in by_minor)
+    return out if len(out) == len(named) else ()
 
 
 def _parent_of(key: Key, keys: dict[Key, str] | set[Key]) -> Key | None:
