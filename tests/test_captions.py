@@ -686,6 +686,43 @@ def test_evaluate_real_figures_on_hand_made_annotations(tmp_path: Path) -> None:
     assert result["splitter"]["token_f1"] == pytest.approx((3 + 2 * (1 * (1 / 3)) / (1 + 1 / 3)) / 4)
 
 
+def test_evaluate_real_figures_one_split_with_true_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only the split's figures are scored; a figure without a caption has no pairs and is skipped.
+    annotations = {
+        "_notes": "verbatim",
+        "t.jpg": {
+            "caption": "Title. (a) One. (b) Two.",
+            "panels": [{"label": "a"}, {"label": "b"}],
+            "subcaptions": {"preamble": "Title.", "a": "(a) One.", "b": "(b) Two."},
+        },
+        "c.jpg": {
+            "caption": "(a) Uno. (b) Dos.",
+            "panels": [{"label": "a"}, {"label": "b"}],
+            "subcaptions": {"preamble": "", "a": "(a) Uno. (b) Dos.", "b": "(b) Dos."},
+        },
+        "n.jpg": {"caption": None, "panels": [{"label": "a"}], "subcaptions": {}},
+    }
+    path = tmp_path / "annotations.json"
+    path.write_text(json.dumps(annotations), encoding="utf-8")
+    (tmp_path / "splits.json").write_text(
+        json.dumps({"_notes": "x", "tune": ["t.jpg", "n.jpg"], "check": ["c.jpg"]}), encoding="utf-8"
+    )
+    tune = evaluate_real_figures(path, split="tune")
+    assert (tune["captions"], tune["subcaptions"]) == (1, 2)
+    assert tune["splitter"]["exact"] == 1.0
+    check = evaluate_real_figures(path, split="check")
+    assert (check["captions"], check["subcaptions"]) == (1, 2)
+    assert check["splitter"]["exact"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="not in"):
+        evaluate_real_figures(path, split="nope")
+    assert main(["--real", str(path), "--split", "tune"]) == 0
+    assert "real_figures" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--real", str(path), "--split", "nope"])
+
+
 def test_main_prints_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prostate = tmp_path / "tiny.jsonl"
     _write_prostate(prostate)
@@ -846,3 +883,268 @@ def test_unnamed_marker_note_is_shared_alone_and_the_groups_notes_after_it_stay_
         "(A) Normal gland. (B) Metastasis. Arrows, osteoblasts. Scale = 50 um.", ["A", "B"]
     )
     assert legend.subcaptions["A"] == "(A) Normal gland. Arrows, osteoblasts. Scale = 50 um."
+
+
+# ---------------------------------------------------------------------------------------------
+# Compound labels: letter+digit, letter+roman, primes, and a group introduced before its members
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("(c1-c6)", ["c1", "c2", "c3", "c4", "c5", "c6"]),
+        ("A1\u2013A3", ["A1", "A2", "A3"]),
+        ("(b2, b3)", ["b2", "b3"]),
+        ("Ai", ["Ai"]),
+        ("(Aii)", ["Aii"]),
+        ("Ai\u2013Aiii", ["Ai", "Aii", "Aiii"]),
+        ("Bii and Biv", ["Bii", "Biv"]),
+        ("A'", ["A'"]),
+        ("B\u2032", ["B\u2032"]),
+        ("C\u2019", ["C\u2019"]),
+        ("D\u02b9", ["D\u02b9"]),
+        ("(A\u2033)", ["A\u2032\u2032"]),  # NFKC: a double prime is two primes
+        ("A'-C'", ["A'", "B'", "C'"]),
+        ("A, A'", ["A", "A'"]),
+        ("A\u2014C", ["A", "B", "C"]),
+    ],
+)
+def test_compound_label_expressions(expression: str, expected: list[str]) -> None:
+    assert expand_label_expression(expression) == expected
+
+
+def test_letter_roman_sub_panels_get_their_own_text() -> None:
+    caption = "Gut morphology. (Ai) Overview of the gut. (Aii) Detail of villi. (B) Quantification of crypts."
+    split = split_caption(caption, ["Ai", "Aii", "B"], labels_complete=True)
+    assert split.preamble == "Gut morphology."
+    assert split.subcaptions == {
+        "Ai": "(Ai) Overview of the gut.",
+        "Aii": "(Aii) Detail of villi.",
+        "B": "(B) Quantification of crypts.",
+    }
+    ranged = split_caption("Title. (Ai\u2013Aiii) Images of the gut. (Bi) Plot of weights.")
+    assert ranged.labels_in_order == ["Ai", "Aii", "Aiii", "Bi"]
+    assert ranged.subcaptions["Aii"] == "(Ai\u2013Aiii) Images of the gut."
+
+
+def test_an_abbreviation_is_no_letter_roman_label() -> None:
+    # "(Bv)" (blood vessel) reads like sub-panel v of B; the panels are A-C, or no series from "Bi".
+    caption = "Rat prostate. (A) Stroma with mast cells around a blood vessel (Bv). (B) Granules. (C) Acini."
+    for labels in (["A", "B", "C"], None):
+        split = split_caption(caption, labels)
+        assert split.labels_in_order == ["A", "B", "C"]
+        assert split.subcaptions["A"] == "(A) Stroma with mast cells around a blood vessel (Bv)."
+
+
+def test_primed_labels_are_panels_of_their_own() -> None:
+    caption = (
+        "Villi. (A) Overview of the gut. (A') Detail of villi. (B) Quantification. "
+        "(B\u2032) Detail of crypts."
+    )
+    # The label reader may print the prime as an apostrophe whatever the caption uses.
+    split = split_caption(caption, ["A", "A'", "B", "B'"], labels_complete=True)
+    assert split.subcaptions == {
+        "A": "(A) Overview of the gut.",
+        "A'": "(A') Detail of villi.",
+        "B": "(B) Quantification.",
+        "B'": "(B\u2032) Detail of crypts.",
+    }
+
+
+def test_a_group_label_before_its_members_goes_to_every_member() -> None:
+    caption = (
+        "Hippocampus. (a) Overview of the brain. (b) Plot of weights. (c) Sections of the hippocampus "
+        "at P7. (c1-c3) Close-ups of CA1, CA3 and DG. (d) Counts of cells."
+    )
+    labels = ["a", "b", "c1", "c2", "c3", "d"]
+    for complete in (True, False):  # annotations, or what the label reader read
+        split = split_caption(caption, labels, labels_complete=complete)
+        assert split.labels_in_order == labels
+        for member in ("c1", "c2", "c3"):
+            assert split.subcaptions[member] == (
+                "(c) Sections of the hippocampus at P7. (c1-c3) Close-ups of CA1, CA3 and DG."
+            )
+        assert split.subcaptions["b"] == "(b) Plot of weights."
+    members = split_caption(
+        "Title. (A) Sections of the hippocampus. (A1) CA1 region. (A2) CA3 region. (B) Counts.",
+        ["A1", "A2", "B"],
+    )
+    assert members.subcaptions["A1"] == "(A) Sections of the hippocampus. (A1) CA1 region."
+    assert members.subcaptions["A2"] == "(A) Sections of the hippocampus. (A2) CA3 region."
+
+
+def test_a_group_label_that_is_a_panel_keeps_its_own_text() -> None:
+    caption = "Title. (A) Overview. (B) Sections. (B1\u2013B3) Close-ups of CA1, CA3 and DG. (C) Counts."
+    split = split_caption(caption, ["A", "B", "B1", "B2", "B3", "C"], labels_complete=True)
+    assert split.subcaptions["B"] == "(B) Sections."
+    assert split.subcaptions["B2"] == "(B1\u2013B3) Close-ups of CA1, CA3 and DG."
+
+
+def test_a_sentence_naming_a_group_label_goes_to_its_members() -> None:
+    caption = (
+        "Title. (a) Overview of the brain. (b1, b2) Close-ups of CA1 and CA3. "
+        "Scale bars, 100 \u00b5m (a) and 10 \u00b5m (b)."
+    )
+    split = split_caption(caption, ["a", "b1", "b2"], labels_complete=True)
+    assert split.subcaptions["b1"].endswith("Scale bars, 100 \u00b5m (a) and 10 \u00b5m (b).")
+    assert split.subcaptions["a"].endswith("Scale bars, 100 \u00b5m (a) and 10 \u00b5m (b).")
+
+
+def test_a_label_after_a_sentence_ending_in_a_reference_word_starts_a_fragment() -> None:
+    # "figure." ends the title; only an abbreviation's full stop ("Fig. 5b") keeps a reference.
+    caption = (
+        "Figure 2. Lysates used throughout the figure. (A) Western blot of lysates. "
+        "(B) Quantification of the blots, as in Fig. 1B. Data are mean \u00b1 SEM."
+    )
+    split = split_caption(caption, ["A", "B"], labels_complete=True)
+    assert split.preamble == "Figure 2. Lysates used throughout the figure."
+    assert split.subcaptions["A"] == "(A) Western blot of lysates. Data are mean \u00b1 SEM."
+    assert split.subcaptions["B"].startswith("(B) Quantification of the blots, as in Fig. 1B.")
+    unhinted = split_caption("Methods as in the main table. (a) Images. (b) Counts.")
+    assert unhinted.labels_in_order == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("A1-3", ["A1", "A2", "A3"]),
+        ("(c1\u20136)", ["c1", "c2", "c3", "c4", "c5", "c6"]),
+        ("(b2\u20134)", ["b2", "b3", "b4"]),
+        ("Ai-iii", ["Ai", "Aii", "Aiii"]),
+        ("(Ai, ii)", ["Ai", "Aii"]),
+        ("A\u2013C, A\u2032\u2013C\u2032", ["A", "B", "C", "A\u2032", "B\u2032", "C\u2032"]),
+        ("H & E", []),
+    ],
+)
+def test_sub_panels_written_without_their_letter(expression: str, expected: list[str]) -> None:
+    assert expand_label_expression(expression) == expected
+
+
+def test_short_sub_panel_ranges_split_a_caption() -> None:
+    caption = "Title. (A1-3) Confocal images of neurons. (B1-2) Quantification of spines. (C) Summary."
+    split = split_caption(caption, ["A1", "A2", "A3", "B1", "B2", "C"], labels_complete=True)
+    assert split.subcaptions["A3"] == "(A1-3) Confocal images of neurons."
+    assert split.subcaptions["B1"] == "(B1-2) Quantification of spines."
+    assert split.subcaptions["C"] == "(C) Summary."
+
+
+def test_a_label_after_a_number_starts_a_fragment_when_a_capitalised_clause_follows() -> None:
+    # The full stop before "(c & d)" is missing: the number ends b's text, it is no footnote.
+    caption = (
+        "Antibody design. (a) Structures of both antibodies. (b) Binding kinetics of both. "
+        "The design exhibited KD = 15 nM (c & d) Thermal denaturation and aggregation onset of both "
+        "antibodies. (e) A molecular explanation."
+    )
+    split = split_caption(caption, ["a", "b", "c", "d", "e"], labels_complete=True)
+    assert split.subcaptions["b"] == ("(b) Binding kinetics of both. The design exhibited KD = 15 nM")
+    assert split.subcaptions["c"] == (
+        "(c & d) Thermal denaturation and aggregation onset of both antibodies."
+    )
+    assert split.subcaptions["d"] == split.subcaptions["c"]
+    # A footnote mark after a value stays text: "P < 0.05 (a) versus control".
+    footnote = split_caption(
+        "Title. (a) Counts, P < 0.05 (b) versus control. (b) Weights.", ["a", "b"], labels_complete=True
+    )
+    assert footnote.subcaptions["a"] == "(a) Counts, P < 0.05 (b) versus control."
+
+
+def test_sub_panels_of_a_panel_printed_whole_are_part_of_its_text() -> None:
+    # The image prints only a, b, c; the caption details a as a1-a3 (or A as A').
+    caption = (
+        "Title. (a) Overview of the brain. (a1\u2013a3) Close-ups of CA1, CA3 and DG. "
+        "(b) Counts. (c) Weights."
+    )
+    for complete in (True, False):
+        split = split_caption(caption, ["a", "b", "c"], labels_complete=complete)
+        assert split.labels_in_order == ["a", "b", "c"]
+        assert (
+            split.subcaptions["a"] == "(a) Overview of the brain. (a1\u2013a3) Close-ups of CA1, CA3 and DG."
+        )
+        assert split.subcaptions["b"] == "(b) Counts."
+    primed = split_caption(
+        "Title. (A) Overview. (A\u2032) Close-up of CA1. (B) Counts. (B\u2032) Weights.", ["A", "B"]
+    )
+    assert primed.subcaptions == {
+        "A": "(A) Overview. (A\u2032) Close-up of CA1.",
+        "B": "(B) Counts. (B\u2032) Weights.",
+    }
+
+
+def test_sub_panel_like_abbreviations_before_their_panel_stay_text() -> None:
+    # "(G5)" is a Gleason grade, "(Cx)" castrated tissue: not parts of panels G and C.
+    caption = (
+        "PLZF. F. Negative stain in Comedo type PCa (G5). G. Negative stain in a bone metastasis. "
+        "H. Stain in castrate-recovery (Cx) tissue."
+    )
+    split = split_caption(caption, ["F", "G", "H"], labels_complete=True)
+    assert split.subcaptions["F"] == "F. Negative stain in Comedo type PCa (G5)."
+    assert split.subcaptions["G"] == "G. Negative stain in a bone metastasis."
+    cx = split_caption("Title. (A) Tissue of the castrate-recovery (Cx) rats. (B) Vehicle.", ["A", "B", "C"])
+    assert cx.subcaptions["A"] == "(A) Tissue of the castrate-recovery (Cx) rats."
+
+
+def test_labels_inside_a_hyphenated_word_name_no_panel() -> None:
+    # "C-C3-positive" (cleaved caspase-3) reads like "C to C3": it names no panel C.
+    caption = (
+        "Title. (A) Survival plot. (B) Histology. (C) Weights of mice. (D, E) Sections stained with a "
+        "cleaved-caspase-3 (C-C3) antibody in (D). C-C3-positive cells were counted and quantified in (E)."
+    )
+    split = split_caption(caption, ["A", "B", "C", "D", "E"], labels_complete=True)
+    assert split.subcaptions["C"] == "(C) Weights of mice."
+    assert split.subcaptions["E"].endswith("C-C3-positive cells were counted and quantified in (E).")
+
+
+def test_labels_named_with_the_word_panel() -> None:
+    caption = (
+        "Title. Panel A: Cells at 37 \u00b0C. Panels B and C. Images of cells. Panel D shows the counts. "
+        "Data in panel D are mean \u00b1 SD."
+    )
+    split = split_caption(caption, ["A", "B", "C", "D"], labels_complete=True)
+    assert split.preamble == "Title."
+    assert split.subcaptions == {
+        "A": "Panel A: Cells at 37 \u00b0C.",
+        "B": "Panels B and C. Images of cells.",
+        "C": "Panels B and C. Images of cells.",
+        "D": "Panel D shows the counts. Data in panel D are mean \u00b1 SD.",
+    }
+    assert split_caption(caption).labels_in_order == ["A", "B", "C", "D"]
+
+
+def test_group_members_named_mid_sentence_are_references() -> None:
+    # Only "(a)" opens a clause of its own if any does; "(b)" after a comma is one more reference.
+    caption = "Title. (a\u2013c) Cells at 37 \u00b0C in (a) control, (b) drug and (c) both. (d) Counts."
+    split = split_caption(caption, ["a", "b", "c", "d"], labels_complete=True)
+    whole = "(a\u2013c) Cells at 37 \u00b0C in (a) control, (b) drug and (c) both."
+    assert [split.subcaptions[x] for x in "abc"] == [whole, whole, whole]
+    # Members that start clauses of their own still do.
+    listed = split_caption(
+        "Title. (A\u2013C) Cells at 37 \u00b0C. (A) Control, (B) drug, (C) both. (D) Counts.",
+        ["A", "B", "C", "D"],
+        labels_complete=True,
+    )
+    assert listed.subcaptions["B"] == "(A\u2013C) Cells at 37 \u00b0C. (B) drug"
+
+
+def test_members_named_by_their_numbers_alone_after_their_group() -> None:
+    # The image prints Ai and Aii (A1-A3); the caption says "(A) ... (i) ... (ii) ...".
+    caption = "Title. (A) Sections of the hippocampus: (i) CA1 region; (ii) CA3 region. (B) Counts of cells."
+    split = split_caption(caption, ["Ai", "Aii", "B"], labels_complete=True)
+    assert split.subcaptions == {
+        "Ai": "(A) Sections of the hippocampus: (i) CA1 region;",
+        "Aii": "(A) Sections of the hippocampus: (ii) CA3 region.",
+        "B": "(B) Counts of cells.",
+    }
+    digits = split_caption(
+        "Title. (A1\u2013A3) Sections. (1) CA1 region. (2, 3) CA3 region. (B) Counts.",
+        ["A1", "A2", "A3", "B"],
+        labels_complete=True,
+    )
+    assert digits.subcaptions["A1"] == "(A1\u2013A3) Sections. (1) CA1 region."
+    assert digits.subcaptions["A3"] == "(A1\u2013A3) Sections. (2, 3) CA3 region."
+    # Numbers inside a sentence stay references: "at 1 (i) and 2 (ii) months".
+    inline = split_caption(
+        "Title. (A) Sections at 1 (i) and 2 (ii) months. (B) Counts.",
+        ["Ai", "Aii", "B"],
+        labels_complete=True,
+    )
+    assert inline.subcaptions["Ai"] == inline.subcaptions["Aii"] == "(A) Sections at 1 (i) and 2 (ii) months."

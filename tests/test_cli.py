@@ -189,6 +189,34 @@ def test_eval_mining_caption_mode(tmp_path: Path) -> None:
     assert runner.invoke(app, ["eval", "mining"]).exit_code == 2
 
 
+def test_eval_mining_caption_mode_on_annotations_of_one_split(tmp_path: Path) -> None:
+    annotations = {
+        "_notes": "verbatim",
+        "t.jpg": {
+            "caption": "Liver. (A) Normal tissue. (B) Fibrotic tissue.",
+            "panels": [{"label": "A"}, {"label": "B"}],
+            "subcaptions": {"preamble": "Liver.", "A": "(A) Normal tissue.", "B": "(B) Fibrotic tissue."},
+        },
+        "c.jpg": {
+            "caption": "Kidney. (A) Cortex. (B) Medulla.",
+            "panels": [{"label": "A"}, {"label": "B"}],
+            "subcaptions": {"preamble": "Kidney.", "A": "(A) Cortex. (B) Medulla.", "B": "(B) Medulla."},
+        },
+    }
+    path = tmp_path / "annotations.json"
+    path.write_text(json.dumps(annotations))
+    (tmp_path / "splits.json").write_text(json.dumps({"_notes": "x", "tune": ["t.jpg"], "check": ["c.jpg"]}))
+    report_path = tmp_path / "report.json"
+    args = ["eval", "mining", "--captions", str(path), "--out", str(report_path)]
+    result = runner.invoke(app, [*args, "--split", "tune"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())["captions"]
+    assert report["captions"] == 1 and report["splitter"]["exact"] == 1.0
+    assert runner.invoke(app, [*args, "--split", "check"]).exit_code == 0
+    assert json.loads(report_path.read_text())["captions"]["splitter"]["exact"] == 0.5
+    assert runner.invoke(app, [*args, "--split", "nope"]).exit_code == 2
+
+
 def test_cost_sums_lvlm_requests_per_figure_and_stage(cli_env: Path, db: Engine) -> None:
     from sqlalchemy.orm import Session
 

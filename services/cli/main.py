@@ -465,7 +465,11 @@ def eval_mining(
         Path | None, typer.Option("--dir", help="Images + annotations.json (real or synthetic).")
     ] = None,
     captions: Annotated[
-        Path | None, typer.Option(help="Caption-only mode: a caption-splitting .jsonl set.")
+        Path | None,
+        typer.Option(
+            help="Caption-only mode: a caption-splitting .jsonl set, or an annotations.json "
+            "(split with the true panel labels; --split picks a split of the splits.json beside it)."
+        ),
     ] = None,
     out: Annotated[
         Path | None,
@@ -493,9 +497,16 @@ def eval_mining(
         raise typer.Exit(2)
     report: dict[str, object] = {}
     if captions is not None:
-        from p2p.mining.lab.eval_captions import evaluate_prostate
+        from p2p.mining.lab.eval_captions import evaluate_prostate, evaluate_real_figures
 
-        report["captions"] = evaluate_prostate(captions)
+        if captions.suffix == ".json":
+            try:
+                report["captions"] = evaluate_real_figures(captions, split=split)
+            except ValueError as exc:
+                console.print(f"[red]{exc}[/red]")
+                raise typer.Exit(2) from exc
+        else:
+            report["captions"] = evaluate_prostate(captions)
         out.write_text(json_lib.dumps(report, indent=2))
         _print_json(report["captions"])
         return

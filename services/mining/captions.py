@@ -11,10 +11,18 @@ Label conventions
   labels and still end clauses with them ("(iii) ... stained (arrows) and S6 was found (iv).").
 * Ranges and lists: "A-D", "a-c" with an en dash, "(D-F)", "(B, C)", "B and C", "(a,b)",
   "((a), (b))", "(c, d, and e)", "(B) and C)", "(image A and B)", "(C, in red, 200*)".
-* Compound labels ("1a", "B1"), either case, roman numerals when the caption (or the hint) counts
-  with them, position words ("Left panel:", "Top:", "(right)") when a caption has no letters.
+* Compound labels ("1a", "B1", "c1-c6", "A1-3"), letter + roman sub-panels ("Ai", "(Aii)",
+  "Ai-iii"), primes ("A'", "B" + U+2032, U+2019, U+2033; "A'-C'"), either case, roman numerals
+  when the caption (or the hint) counts with them, position words ("Left panel:", "Top:",
+  "(right)") when a caption has no letters, a word before a bare label ("Panel A:", "Panels B
+  and C."). A letter + roman token is a label only in a series from "i" or when the hint names
+  it ("blood vessel (Bv)" is text).
 * A group and then its members: "(A-C) ... (A) ... (B) ..." or "(b-d) H&E staining at 1 month (b),
-  at 3 months (c) and at 6 months (d)." gives each member the group text and its own clause.
+  at 3 months (c) and at 6 months (d)." gives each member the group text and its own clause. A
+  plain label the hint lacks whose sub-panels it has ("(c) Sections ... (c1-c6) ..." with panels
+  c1 to c6) is such a group: its text, and sentences naming it, go to every member. Sub-panels the
+  hint lacks of a panel it has whole ("(a) ... (a1-a3) Close-ups ..." with panels a, b, c) are
+  part of that panel's text.
 
 Inline references never start fragments: a label already described ("(b) of the SMNp", "as in
 (A)"), a reference word before it ("Fig. 5b", "compared with (b)", "see (C)"), a number before it
@@ -98,8 +106,16 @@ __all__ = [
 
 _DASH_CHARS = "-\u2010\u2011\u2012\u2013\u2014\u2212"
 _DASH = "[" + _DASH_CHARS + "]"
-# One label token: "1a", "B1", "iii", "A", "12". Never glued to other letters or digits.
-_TOK = r"(?<!\w)(?:\d{1,2}[A-Za-z]|[A-Za-z]\d{1,2}|[ivxIVX]{2,5}|[A-Za-z]|\d{1,2})(?!\w)"
+# Prime marks after a letter: "A'", "B" + U+2032 (prime), U+2019 (typeset apostrophe), U+02B9 /
+# U+02BC (modifier letter prime / apostrophe), U+2033 / U+2034 (double / triple prime).
+_PRIME_CHARS = "'\u2032\u2019\u02b9\u02bc\u2033\u2034"
+_PRIME_COUNT = {"\u2033": 2, "\u2034": 3}
+# One label token: "1a", "B1", "Aii" (a letter and its roman sub-panel), "A'" (primed), "iii",
+# "A", "12". Never glued to other letters or digits.
+_TOK = (
+    r"(?<!\w)(?:\d{1,2}[A-Za-z]|[A-Za-z]\d{1,2}|[A-Z](?:i{1,3}|iv|vi{0,3}|ix|x)"
+    r"|[A-Za-z][" + _PRIME_CHARS + r"]{1,3}|[ivxIVX]{2,5}|[A-Za-z]|\d{1,2})(?!\w)"
+)
 _SEP = (
     r"(?:\s{0,3},\s{0,3}(?:and\s{1,3}|&\s{0,3}|or\s{1,3})?"
     r"|\s{0,3}" + _DASH + r"\s{0,3}"
@@ -124,9 +140,9 @@ _PAREN_CONT_RE = re.compile(
 # Bare labels at a fragment start: "A. ", "A) ", "A and C: ", "A, ", "a Filtered", "b, c The".
 _BARE_RE = re.compile(
     # Glued to a one-letter abbreviation ("s.d.", "e.g.") a letter is not a label "d." / "g.".
-    r"(?:^|(?<=[;:!?,\n])\s{0,5}|(?<=\.)\s{1,5}|(?<=\.)(?<!\b[a-z]\.)|(?<=\))\s{1,5})(?P<expr>"
-    + _EXPR
-    + r")(?P<term>\.(?=\s)|\)|:|,(?=\s)|(?=\s))"
+    # "Panel A:", "Panels B and C." name their labels with a word.
+    r"(?:^|(?<=[;:!?,\n])\s{0,5}|(?<=\.)\s{1,5}|(?<=\.)(?<!\b[a-z]\.)|(?<=\))\s{1,5})"
+    r"(?P<word>[Pp]anels?\s{1,3})?(?P<expr>" + _EXPR + r")(?P<term>\.(?=\s)|\)|:|,(?=\s)|(?=\s))"
 )
 # Work bounds for pathological input (real captions stay far below them).
 _MAX_CANDIDATES = 500
@@ -163,6 +179,10 @@ _REFERENCE_WORDS = frozenset(
     {"fig", "figs", "figure", "figures", "table", "tables", "suppl", "supplementary", "eq", "eqs"}
     | {"ref", "refs", "no", "nos", "vs", "versus", "cf", "see", "as", "than", "like", "e.g", "i.e", "al"}
 )
+# Reference words whose full stop is an abbreviation's ("Fig. 5b"), not a sentence end.
+_REFERENCE_ABBREVIATIONS = frozenset(
+    {"fig", "figs", "suppl", "eq", "eqs", "ref", "refs", "no", "nos", "vs", "cf", "e.g", "i.e", "al"}
+)
 _REFERENCE_PAIRS = frozenset(
     {
         ("compared", "with"),
@@ -187,6 +207,8 @@ def _is_reference_context(text: str, pos: int) -> bool:
     if not m:
         return False
     last = m.group(2).lower().rstrip(".")
+    if pre.endswith(".") and last not in _REFERENCE_ABBREVIATIONS:
+        return False  # "... of the figure. (A) ...": a sentence ended, a new one starts
     before = (m.group(1) or "").lower().rstrip(".")
     return last in _REFERENCE_WORDS or (before, last) in _REFERENCE_PAIRS
 
@@ -212,9 +234,17 @@ _ROMAN_VALUE = {_ROMAN_TENS[t] + _ROMAN_UNITS[u]: 10 * t + u for t in range(4) f
 del _ROMAN_VALUE[""]
 _ROMAN_OF = {v: k for k, v in _ROMAN_VALUE.items()}
 
-# Key of a label: (system, major, minor). Systems: 0 letters (minor = digit of "B1"),
-# 1 roman numerals, 2 numbers (minor = letter of "1a"), 3 position words.
+# Key of a label: (system, major, minor). Systems: 0 letters (minor = digit of "B1", numeral of
+# "Bii", or _PRIME_MINOR per prime of "B'"), 1 roman numerals, 2 numbers (minor = letter of "1a"),
+# 3 position words.
 Key = tuple[int, int, int]
+_PRIME_MINOR = 100
+_LETTER_ROMAN_RE = re.compile(r"([A-Z])(i{1,3}|iv|vi{0,3}|ix|x)")
+_LETTER_PRIME_RE = re.compile(r"([A-Za-z])([" + _PRIME_CHARS + r"]{1,3})")
+
+
+def _prime_count(marks: str) -> int:
+    return sum(_PRIME_COUNT.get(ch, 1) for ch in marks)
 
 
 def normalize_label(token: str) -> str:
@@ -254,6 +284,13 @@ def _parse_token(token: str, roman: bool) -> Key | None:
     m = re.fullmatch(r"([A-Za-z])(\d{1,2})", token)
     if m:
         return (0, _LETTERS.index(m.group(1).lower()), int(m.group(2)))
+    m = _LETTER_ROMAN_RE.fullmatch(token)
+    if m:
+        return (0, _LETTERS.index(m.group(1).lower()), _ROMAN_VALUE[m.group(2)])
+    m = _LETTER_PRIME_RE.fullmatch(token)
+    if m:
+        count = _prime_count(m.group(2))
+        return (0, _LETTERS.index(m.group(1).lower()), _PRIME_MINOR * count) if count <= 3 else None
     low = token.lower()
     if low in _ROMAN_VALUE and (token.islower() or token.isupper()):
         return (1, _ROMAN_VALUE[low], 0)
@@ -266,6 +303,11 @@ def _label_text(key: Key, like: str) -> str:
     upper = like[:1].isupper() or (like[-1:].isupper() and not like[-1:].isdigit())
     if system == 0:
         letter = _LETTERS[major].upper() if like[:1].isupper() else _LETTERS[major]
+        if minor >= _PRIME_MINOR:
+            mark = like[-1] if like[-1:] in _PRIME_CHARS[:5] else "'"
+            return letter + mark * (minor // _PRIME_MINOR)
+        if minor and _LETTER_ROMAN_RE.fullmatch(like):
+            return letter + _ROMAN_OF[minor]
         return letter + (str(minor) if minor else "")
     if system == 1:
         text = _ROMAN_OF.get(major, str(major))
@@ -286,9 +328,14 @@ def _expand(expr: str, roman: bool) -> tuple[tuple[str, Key], ...]:
         between = expr[pos : m.start()]
         pos = m.end()
         token = m.group(0)
-        key = _parse_token(token, roman)
-        if key is None:
-            return ()
+        short = _short_member(pieces[-1] if pieces else None, token)
+        if short is not None:
+            token, key = short
+        else:
+            parsed = _parse_token(token, roman)
+            if parsed is None:
+                return ()
+            key = parsed
         if pieces and _RANGE_WORD_RE.fullmatch(re.sub(r"[()\[\]]", "", between)):
             pending_range = True
         if pending_range:
@@ -301,6 +348,9 @@ def _expand(expr: str, roman: bool) -> tuple[tuple[str, Key], ...]:
                 keys = [(0, i, 0) for i in range(first_key[1] + 1, key[1] + 1)]
             elif first_key[0] in (1, 2) and first_key[2] == 0 and key[2] == 0:
                 keys = [(first_key[0], i, 0) for i in range(first_key[1] + 1, key[1] + 1)]
+            elif first_key[0] == 0 and first_key[2] == key[2] >= _PRIME_MINOR:
+                # "A'-C'": primed letters
+                keys = [(0, i, key[2]) for i in range(first_key[1] + 1, key[1] + 1)]
             elif first_key[1] == key[1] or (first_key[0] == 0 and first_key[2] and key[2]):
                 # "B1-B3", "1a-1c": same major, minor range
                 if first_key[1] != key[1]:
@@ -314,8 +364,9 @@ def _expand(expr: str, roman: bool) -> tuple[tuple[str, Key], ...]:
             pieces.append((token, key))
             pending_range = False
             continue
-        if pieces and key <= pieces[-1][1]:
-            return ()  # lists go up: "H & E" is a stain, not panels H and E
+        if pieces and key <= pieces[-1][1] and not (key[2] >= _PRIME_MINOR > pieces[-1][1][2]):
+            # lists go up: "H & E" is a stain, not panels H and E ("A-C, A'-C'" starts the primes)
+            return ()
         pieces.append((token, key))
     if not pieces:
         return ()
@@ -326,6 +377,23 @@ def _expand(expr: str, roman: bool) -> tuple[tuple[str, Key], ...]:
             seen.add(key)
             out.append((text, key))
     return tuple(out)
+
+
+def _short_member(previous: tuple[str, Key] | None, token: str) -> tuple[str, Key] | None:
+    """A sub-panel written without its letter after one written in full: "A1-3" is A1 to A3,
+    "(Ai, ii)" is Ai and Aii, "c1-6" is c1 to c6. (text, key) of it, or None."""
+    if previous is None:
+        return None
+    text, key = previous
+    if key[0] != 0 or not 0 < key[2] < _PRIME_MINOR:
+        return None
+    if _LETTER_ROMAN_RE.fullmatch(text):
+        value = _ROMAN_VALUE.get(token) if token.islower() else None
+    else:
+        value = int(token) if token.isdigit() else None
+    if not value:
+        return None
+    return text[0] + token, (0, key[1], value)
 
 
 def _roman_wanted(expr: str, hint_roman: bool | None) -> bool:
@@ -545,7 +613,8 @@ def _find_candidates(text: str) -> list[_Candidate]:
                 boundary=_boundary_kind(text, start),
                 follower=_follower_kind(text, end),
                 blocked=_is_reference_context(text, start),
-                after_number=bool(_NUMBER_BEFORE_RE.search(text, max(0, start - 24), start)),
+                after_number=bool(_NUMBER_BEFORE_RE.search(text, max(0, start - 24), start))
+                and not _CAPITAL_CLAUSE_RE.match(text, end),
             )
         )
     paren_spans = [(c.start, c.end) for c in cands]
@@ -587,19 +656,20 @@ def _find_candidates(text: str) -> list[_Candidate]:
         found += 1
         if found > 2 * _MAX_CANDIDATES:
             break
-        pos, end = m.start("expr"), m.end()
+        pos, end = m.start("word" if m.group("word") else "expr"), m.end()
         if in_paren(pos, state):
             continue
         term = m.group("term")
         form = {".": "dot", ")": "half", ":": "colon", ",": "comma"}.get(term, "space")
-        if form == "half" and opened.inside(pos):
+        if form == "half" and (opened.inside(pos) or m.group("word")):
             continue  # "(anti-CD34, E-H)": the end of a parenthesis
         if _boundary_kind(text, pos) == "comma" and _LIST_BEFORE_RE.search(text, max(0, pos - 8), pos):
             continue  # "identical in b,e. Next": the end of a list of labels, not a new label
         if form == "space":
-            # "a Filtered", "a *10": the next word must not be a lower-case word ("A mouse").
+            # "a Filtered", "a *10": the next word must not be a lower-case word ("A mouse"),
+            # unless a word names the label ("Panel B shows ...").
             nxt = _skip_spaces(text, end)
-            if nxt >= len(text) or text[nxt].islower():
+            if nxt >= len(text) or (text[nxt].islower() and not m.group("word")):
                 continue
             if not text[nxt].isupper() and _boundary_kind(text, pos) == "comma":
                 continue  # ", a 4-mm metastasis": an article
@@ -621,6 +691,11 @@ def _find_candidates(text: str) -> list[_Candidate]:
             continue
         unique.append(c)
     return unique
+
+
+# "... KD = 15 nM (c & d) Thermal denaturation ...": a capitalised clause after the label (a full
+# stop left out), so the number before it is the end of the last panel's text, not a footnote.
+_CAPITAL_CLAUSE_RE = re.compile(r"\s{1,3}[A-Z][a-z]{2,}\s{1,3}[a-z]")
 
 
 class _OpenParens:
@@ -782,9 +857,11 @@ def _select(
     for cand in cands:
         if cand.blocked or (cand.after_number and not post_mode):
             continue
-        labels = _expand(cand.expr, roman)
+        labels = (groups and _members_by_number(cand.expr, groups[-1])) or _expand(cand.expr, roman)
         if not labels:
             continue
+        if hint is not None and hint.keys:
+            labels = _members_for_groups(labels, hint)
         keys = [k for _, k in labels]
         if len({k[0] for k in keys}) != 1:
             continue
@@ -796,6 +873,10 @@ def _select(
         if letters and upper is not None and letters[0][:1].isupper() != upper:
             continue
         in_hint = hint is not None and bool(hint.keys) and all(k in hint.keys for k in keys)
+        if not in_hint and hint is not None and _part_of_whole(keys, hint):
+            continue  # "(a) ... (a1-a3) Close-ups ...": more of a's text
+        if not in_hint and not _roman_members_ok(labels, hint, covered):
+            continue  # "(Bv)" is a blood vessel, not sub-panel v of B
         if (
             hint is not None
             and hint.keys
@@ -829,6 +910,8 @@ def _select(
                 continue
             if not ((leading and cand.form in ("paren", "half", "dot", "colon")) or trailing):
                 continue
+            if leading and cand.boundary == "comma" and not done:
+                continue  # "(a-c) Cells in (a) control, (b) drug and (c) both.": references
             refined.update(keys)
             splits.append(
                 _Split(
@@ -889,6 +972,77 @@ def _select(
         if len(keys) > 1:
             groups.append(split)
     return splits
+
+
+def _members_of(key: Key, keys: dict[Key, str] | set[Key]) -> list[Key]:
+    """The sub-panels ("c1", "Cii", "C'") among ``keys`` of a plain label ("c")."""
+    if key[2] or key[0] not in (0, 2):
+        return []
+    return sorted(k for k in keys if k[0] == key[0] and k[1] == key[1] and k[2])
+
+
+def _members_for_groups(labels: tuple[tuple[str, Key], ...], hint: _Hint) -> tuple[tuple[str, Key], ...]:
+    """A plain label the hint lacks whose sub-panels it has ("(c) Sections ... (c1-c6) ..." with
+    panels c1 to c6) names the group of them: "c" stands for c1 ... c6."""
+    if all(key in hint.keys for _, key in labels):
+        return labels
+    out: list[tuple[str, Key]] = []
+    for text, key in labels:
+        members = _members_of(key, hint.keys) if key not in hint.keys else []
+        named = [(hint.keys[m], m) for m in members] or [(text, key)]
+        out.extend(item for item in named if all(item[1] != k for _, k in out))
+    return tuple(out)
+
+
+def _members_by_number(expr: str, group: _Split) -> tuple[tuple[str, Key], ...]:
+    """Members of the last group named by their numbers alone: "(A) Sections. (i) CA1. (ii) CA3."
+    with panels Ai and Aii (or "(A1-A3) ... (1) ... (2) ..."). () when ``expr`` is not that."""
+    texts = group.labels
+    if len({k[1] for k in group.keys}) != 1 or any(
+        k[0] != 0 or not 0 < k[2] < _PRIME_MINOR for k in group.keys
+    ):
+        return ()
+    letter_roman = all(_LETTER_ROMAN_RE.fullmatch(t) for t in texts)
+    if not letter_roman and not all(re.fullmatch(r"[A-Za-z]\d{1,2}", t) for t in texts):
+        return ()
+    tokens = _TOKEN_RE.findall(expr)
+    if not tokens or not all((t in _ROMAN_VALUE) if letter_roman else t.isdigit() for t in tokens):
+        return ()
+    named = _expand(expr, letter_roman)
+    major = group.keys[0][1]
+    by_minor = {k[2]: t for t, k in zip(texts, group.keys, strict=False)}
+    out = tuple((by_minor[k[1]], (0, major, k[1])) for _, k in named if k[1] in by_minor)
+    return out if len(out) == len(named) else ()
+
+
+def _parent_of(key: Key, keys: dict[Key, str] | set[Key]) -> Key | None:
+    """The plain label among ``keys`` of a sub-panel ("a" of "a2") when ``keys`` has none of its
+    sub-panels (the panel is "a" as a whole)."""
+    if key[0] not in (0, 2) or not key[2]:
+        return None
+    parent = (key[0], key[1], 0)
+    return parent if parent in keys and not _members_of(parent, keys) else None
+
+
+def _part_of_whole(keys: list[Key], hint: _Hint) -> bool:
+    """Sub-panels the hint lacks of panels it has whole: after that panel's own text part of it
+    ("(a) ... (a1-a3) Close-ups ..." with panels a, b, c), before it an abbreviation ("Comedo
+    type PCa (G5). G. ..."); never a fragment start of their own."""
+    return all(key not in hint.keys and _parent_of(key, hint.keys) is not None for key in keys)
+
+
+def _roman_members_ok(labels: tuple[tuple[str, Key], ...], hint: _Hint | None, covered: set[Key]) -> bool:
+    """Letter+roman labels ("Aii") the hint does not name: none when there is a hint, else only
+    a series counted from "i" ("(Ai) ... (Aii)", "(Bi-Biii)"): "(Bv)" is an abbreviation."""
+    for text, key in labels:
+        if key[0] != 0 or not key[2] or not _LETTER_ROMAN_RE.fullmatch(text):
+            continue
+        if hint is not None and hint.keys and key not in hint.keys:
+            return False
+        first = (0, key[1], 1)
+        if key != first and first not in covered and first not in {k for _, k in labels}:
+            return False
+    return True
 
 
 def _bare_number_run(cands: list[_Candidate]) -> bool:
@@ -979,6 +1133,10 @@ _REF_VERB_AFTER_RE = re.compile(
 )
 
 
+_HYPHEN_GLUE_RE = re.compile(_DASH + r"[A-Za-z0-9]")
+_HYPHEN_GLUED_RE = re.compile(r"[A-Za-z0-9]" + _DASH + r"$")
+
+
 @dataclass
 class _Segment:
     start: int
@@ -998,8 +1156,12 @@ def _named_labels(
 
     def add(expr: str) -> None:
         for t, k in _expand(expr, roman):
-            if k in known and (upper is None or k[0] not in (0, 1) or t[:1].isupper() == upper):
+            if upper is not None and k[0] in (0, 1) and t[:1].isupper() != upper:
+                continue
+            if k in known:
                 names.add(known[k])
+            else:  # "Scale bar, 50 µm (c)" with panels c1 to c3: the group's
+                names.update(known[m] for m in _members_of(k, known))
 
     spans: list[tuple[int, int]] = []
     for m in _PAREN_RE.finditer(chunk):
@@ -1012,6 +1174,10 @@ def _named_labels(
         if si < len(spans) and spans[si][0] <= m.start():
             continue
         expr = m.group(0)
+        if _HYPHEN_GLUE_RE.match(chunk, m.end()) or _HYPHEN_GLUED_RE.search(
+            chunk, max(0, m.start() - 2), m.start()
+        ):
+            continue  # "C-C3-positive cells", "anti-B-C": part of a hyphenated word
         if len(_TOKEN_RE.findall(expr)) >= 2:
             add(expr)
         elif _SINGLE_REF_BEFORE_RE.search(chunk[max(0, m.start() - 12) : m.start()]):
@@ -1510,7 +1676,13 @@ def _complete_hint(text: str, labels: list[str]) -> list[str]:
         if key is not None and key[0] != 3:
             own_keys.setdefault(key, lab)
     agree = sum(key in own_keys for key in hint.keys)
-    extra = [lab for key, lab in own_keys.items() if key not in hint.keys]
+    # A group label whose members the hint has ("c" of c1-c6) names them, it is no panel; a
+    # sub-panel of a hinted panel that has none ("a2" of a) is part of it.
+    extra = [
+        lab
+        for key, lab in own_keys.items()
+        if key not in hint.keys and not _members_of(key, hint.keys) and _parent_of(key, hint.keys) is None
+    ]
     if not extra or agree < (len(hint.keys) if len(hint.keys) <= 2 else len(hint.keys) - 1):
         return labels
     return [*labels, *extra]

@@ -5,9 +5,13 @@
 * ``--prostate``: ``prostate.jsonl`` (one JSON object a line: ``id``, ``caption``, ``labels``,
   ``subcaptions``; convention: preamble prepended, label markers removed). The splitter runs
   with ``labels`` = the record's labels and is compared through ``to_prostate_convention``.
-* ``--real``: ``real-figures/annotations.json`` (file name -> entry with ``caption``,
-  ``panels[].label`` and ``subcaptions``; verbatim convention, label tokens kept, the
-  ``"preamble"`` key is not a panel). The splitter runs with labels = the panel labels.
+* ``--real``: ``real-figures/annotations.json`` or ``real-dev/annotations.json`` (file name ->
+  entry with ``caption``, ``panels[].label`` and ``subcaptions``; verbatim convention, label
+  tokens kept, the ``"preamble"`` key is not a panel). The splitter runs with labels = the TRUE
+  panel labels (what a perfect label reader would hand it). ``--split tune`` (or ``check``) scores
+  only the figures of that split of the ``splits.json`` next to the annotations (real-dev):
+  ``python -m p2p.mining.lab.eval_captions --real ../shared/data/real-dev/annotations.json
+  --split tune``.
 
 Metrics, per (caption, label) pair, averaged over all pairs:
 
@@ -192,11 +196,20 @@ def load_prostate(path: Path) -> list[tuple[str, str, list[str], dict[str, str]]
     return records
 
 
-def load_real_figures(path: Path) -> list[tuple[str, str, list[str], dict[str, str]]]:
+def load_real_figures(
+    path: Path, split: str | None = None
+) -> list[tuple[str, str, list[str], dict[str, str]]]:
+    """(name, caption, true labels, true subcaptions) of each figure with a caption; with ``split``
+    only the figures that ``splits.json`` (next to the annotations) lists under it."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
+    names: set[str] | None = None
+    if split is not None:
+        names = set(split_names(Path(path).parent, split))
     records = []
     for name, entry in data.items():
-        if name.startswith("_") or not isinstance(entry, dict) or "caption" not in entry:
+        if name.startswith("_") or not isinstance(entry, dict) or not entry.get("caption"):
+            continue
+        if names is not None and name not in names:
             continue
         labels = [p["label"] for p in entry.get("panels", []) if p.get("label")]
         truth = {k: v for k, v in entry.get("subcaptions", {}).items() if k != "preamble"}
@@ -216,9 +229,24 @@ def evaluate_prostate(path: Path, keep_failures: int = 0) -> dict[str, Any]:
     }
 
 
-def evaluate_real_figures(annotations_path: Path, keep_failures: int = 0) -> dict[str, Any]:
-    """Splitter (verbatim ``subcaptions``) and both baselines on real-figures annotations."""
-    records = load_real_figures(Path(annotations_path))
+def split_names(folder: Path, split: str) -> list[str]:
+    """The figure names of one split in the folder's ``splits.json`` (as real-dev has it)."""
+    path = folder / "splits.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} has no splits.json: a split needs one")
+    splits = json.loads(path.read_text(encoding="utf-8"))
+    if split.startswith("_") or split not in splits:
+        known = ", ".join(k for k in splits if not k.startswith("_"))
+        raise ValueError(f"split {split!r} is not in {path} (it has: {known})")
+    return list(splits[split])
+
+
+def evaluate_real_figures(
+    annotations_path: Path, keep_failures: int = 0, split: str | None = None
+) -> dict[str, Any]:
+    """Splitter (verbatim ``subcaptions``, true panel labels) and both baselines on real
+    annotations (real-figures, or one split of real-dev)."""
+    records = load_real_figures(Path(annotations_path), split)
     data = json.loads(Path(annotations_path).read_text(encoding="utf-8"))
     preamble_exact = 0
     for name, caption, labels, _ in records:
@@ -250,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Score the caption splitter and two baselines.")
     parser.add_argument("--prostate", type=Path, help="prostate.jsonl (preamble-prepended convention)")
     parser.add_argument("--real", type=Path, help="real-figures annotations.json (verbatim convention)")
+    parser.add_argument(
+        "--split", help="with --real: only this split of the splits.json next to it (tune, check)"
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--failures", type=int, default=0, help="keep the N worst pairs per dataset")
     args = parser.parse_args(argv)
@@ -259,7 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.prostate:
         results["prostate"] = evaluate_prostate(args.prostate, args.failures)
     if args.real:
-        results["real_figures"] = evaluate_real_figures(args.real, args.failures)
+        try:
+            results["real_figures"] = evaluate_real_figures(args.real, args.failures, args.split)
+        except ValueError as exc:
+            parser.error(str(exc))
     print(_table(results))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from p2p.mining.lab.eval_captions import token_f1
+from p2p.mining.lab.eval_captions import split_names, token_f1
 from p2p.mining.lab.eval_detection import (
     FigureBoxes,
     Prediction,
@@ -170,18 +170,6 @@ def score_figure(
             "notes": result.notes,
         }
     )
-
-
-def split_names(folder: Path, split: str) -> list[str]:
-    """The figure names of one split in the folder's ``splits.json`` (as real-dev has it)."""
-    path = folder / "splits.json"
-    if not path.is_file():
-        raise ValueError(f"{folder} has no splits.json: --split needs one")
-    splits = json.loads(path.read_text())
-    if split.startswith("_") or split not in splits:
-        known = ", ".join(k for k in splits if not k.startswith("_"))
-        raise ValueError(f"split {split!r} is not in {path} (it has: {known})")
-    return list(splits[split])
 
 
 def evaluate_folder(
