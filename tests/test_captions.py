@@ -1028,26 +1028,6 @@ def test_short_sub_panel_ranges_split_a_caption() -> None:
     assert split.subcaptions["C"] == "(C) Summary."
 
 
-def test_a_label_after_a_number_starts_a_fragment_when_a_capitalised_clause_follows() -> None:
-    # The full stop before "(c & d)" is missing: the number ends b's text, it is no footnote.
-    caption = (
-        "Antibody design. (a) Structures of both antibodies. (b) Binding kinetics of both. "
-        "The design exhibited KD = 15 nM (c & d) Thermal denaturation and aggregation onset of both "
-        "antibodies. (e) A molecular explanation."
-    )
-    split = split_caption(caption, ["a", "b", "c", "d", "e"], labels_complete=True)
-    assert split.subcaptions["b"] == ("(b) Binding kinetics of both. The design exhibited KD = 15 nM")
-    assert split.subcaptions["c"] == (
-        "(c & d) Thermal denaturation and aggregation onset of both antibodies."
-    )
-    assert split.subcaptions["d"] == split.subcaptions["c"]
-    # A footnote mark after a value stays text: "P < 0.05 (a) versus control".
-    footnote = split_caption(
-        "Title. (a) Counts, P < 0.05 (b) versus control. (b) Weights.", ["a", "b"], labels_complete=True
-    )
-    assert footnote.subcaptions["a"] == "(a) Counts, P < 0.05 (b) versus control."
-
-
 def test_sub_panels_of_a_panel_printed_whole_are_part_of_its_text() -> None:
     # The image prints only a, b, c; the caption details a as a1-a3 (or A as A').
     caption = (

@@ -613,8 +613,7 @@ def _find_candidates(text: str) -> list[_Candidate]:
                 boundary=_boundary_kind(text, start),
                 follower=_follower_kind(text, end),
                 blocked=_is_reference_context(text, start),
-                after_number=bool(_NUMBER_BEFORE_RE.search(text, max(0, start - 24), start))
-                and not _CAPITAL_CLAUSE_RE.match(text, end),
+                after_number=bool(_NUMBER_BEFORE_RE.search(text, max(0, start - 24), start)),
             )
         )
     paren_spans = [(c.start, c.end) for c in cands]
@@ -691,11 +690,6 @@ def _find_candidates(text: str) -> list[_Candidate]:
             continue
         unique.append(c)
     return unique
-
-
-# "... KD = 15 nM (c & d) Thermal denaturation ...": a capitalised clause after the label (a full
-# stop left out), so the number before it is the end of the last panel's text, not a footnote.
-_CAPITAL_CLAUSE_RE = re.compile(r"\s{1,3}[A-Z][a-z]{2,}\s{1,3}[a-z]")
 
 
 class _OpenParens:
