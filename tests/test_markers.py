@@ -482,3 +482,35 @@ def test_a_network_arrow_facing_its_tail_is_turned_round():
     assert contains_point(_target(turned, panel.w, panel.h), 215.0, 120.0)
     forwards = _Cand("arrow", glyph, (200.0, 120.0), 0.5, region=(200.0, 105.0, 230.0, 135.0), direction=0.0)
     assert _orient(panel, forwards) is forwards
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_letters_of_printed_words_are_not_markers(seed):
+    """Words printed on a dark picture (a coloured channel name, a heading): their letters pass
+    the shape tests for rings and asterisks ("C"), but they lie in a line of text; the arrow
+    beside them is still a marker."""
+    from PIL import ImageFont
+
+    font = ImageFont.load_default(size=28)
+    img = Image.fromarray(texture(240, 320, seed, lo=10, hi=60))
+    d = ImageDraw.Draw(img)
+    words = [((20, 20), "CA1 Merge", (230, 40, 230)), ((20, 90), "DAPI 37", (40, 230, 40))]
+    words.append(((20, 160), "Lamina fragments", (255, 255, 255)))
+    boxes = []
+    for at, text, colour in words:
+        d.text(at, text, fill=colour, font=font)
+        boxes.append(d.textbbox(at, text, font=font))
+    draw_arrow(d, (260, 150), 45, 40, (255, 255, 0))
+    found = detect_markers(np.asarray(img), (0.0, 0.0, 320.0, 240.0))
+    assert near(found, (260, 150), radius=8, kind="arrow")
+    pointing_or_symbol = ("arrow", "arrowhead", "asterisk", "star", "circle")
+    on_words = [
+        m
+        for m in found
+        if m.kind in pointing_or_symbol
+        and any(
+            contains_point(b, *((m.glyph_box[0] + m.glyph_box[2]) / 2, (m.glyph_box[1] + m.glyph_box[3]) / 2))
+            for b in boxes
+        )
+    ]
+    assert on_words == []
