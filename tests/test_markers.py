@@ -514,3 +514,35 @@ def test_letters_of_printed_words_are_not_markers(seed):
         )
     ]
     assert on_words == []
+
+
+def test_a_letter_of_a_rotated_label_is_in_a_word():
+    """A label printed up the picture ("DAPI" turned a quarter) is a line of text too: an arrow-
+    like glyph on one of its letters lies in a word; a glyph on a two-letter word across ("CA")
+    as well; the same glyph box on bare texture does not."""
+    from PIL import ImageFont
+
+    from p2p.mining.cpu.markers.rules import _Cand, _find, _in_word
+
+    font = ImageFont.load_default(size=28)
+    img = Image.fromarray(texture(320, 320, 3, lo=10, hi=60))
+    word = Image.new("RGBA", (200, 40), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(word)
+    draw.text((0, 0), "DAPI", fill=(230, 230, 230, 255), font=font)
+    _, top, right, bottom = draw.textbbox((0, 0), "DAPI", font=font)
+    turned = word.rotate(90, expand=True)  # reads bottom to top, at x 30 + top .. 30 + bottom
+    img.paste(turned, (30, 40), turned)
+    d = ImageDraw.Draw(img)
+    d.text((150, 60), "CA", fill=(230, 40, 230), font=font)
+    ca = d.textbbox((150, 60), "CA", font=font)
+    c_only = d.textbbox((150, 60), "C", font=font)
+    found = _find(np.asarray(img), load_params().markers, use_net=False)
+
+    def in_word(box: tuple[int, int, int, int]) -> bool:
+        return _in_word(found, _Cand("arrow", box, (0.0, 0.0), 0.9))
+
+    x1, x2 = 30 + top, 30 + bottom
+    y1 = 40 + 200 - right  # the top of the turned word
+    assert in_word((x1, y1 + 8, x2, y1 + 25))  # a letter in the middle of it
+    assert in_word((c_only[2], ca[1], ca[2], ca[3]))  # the "A" of "CA"
+    assert not in_word((220, 200, 240, 220))

@@ -2567,15 +2567,17 @@ def detect_markers(
 # arrows, arrowheads, stars and rings ("A", "l", "7", "O"): the rules' text test sees only rows of
 # three or more letter-sized components of one ink, so two-letter words, coloured words and
 # letters that touch slip through. A small glyph of those kinds is a letter when the labels' text
-# detector (the DB detector of their OCR engine) finds a line of text on a window around it that
-# covers ``_WORD_COVER`` of the glyph and runs on past it by ``_WORD_MORE`` of the line's height
-# (another letter at least: a lone glyph is often boxed as text on its own). On real-dev tune it
-# dropped 38 false markers and one marker that was right by chance (an arrow read in a word).
+# detector (the DB detector of their OCR engine) finds a line of text on a window around it, across
+# or up the picture (a rotated label), that covers ``_WORD_COVER`` of the glyph and runs on past
+# it by ``_WORD_MORE`` of the line's thickness (about another letter: the detector's boxes are
+# padded, and a lone glyph is often boxed as text on its own). On real-dev tune it dropped 42
+# false markers and one that was right by chance (an arrow read in a word); on the real figures
+# three false ones and no true one (CHANGELOG.md).
 # Boxes and insets are not asked: a small drawn square often starts a text line ("[] Site A").
 _WORD_KINDS = ("arrow", "arrowhead", "asterisk", "star", "circle")
 _WORD_GLYPH = 64  # px at the native scale: larger glyphs are no letters
 _WORD_COVER = 0.5
-_WORD_MORE = 0.8
+_WORD_MORE = 0.5
 _WORD_SMALL = 160  # a window shorter than this is enlarged twice for the detector
 
 
@@ -2605,7 +2607,8 @@ def _in_word(found: _Found, cand: _Cand) -> bool:
         ih = min(ty2, y2) - max(ty1, y1)
         if iw <= 0 or ih <= 0 or iw * ih < _WORD_COVER * gw * gh:
             continue
-        if tw > th and tw - gw >= _WORD_MORE * th:
+        # a line across, or one up the picture (a rotated label)
+        if (tw > th and tw - gw >= _WORD_MORE * th) or (th > tw and th - gh >= _WORD_MORE * tw):
             return True
     return False
 
