@@ -482,3 +482,67 @@ def test_a_network_arrow_facing_its_tail_is_turned_round():
     assert contains_point(_target(turned, panel.w, panel.h), 215.0, 120.0)
     forwards = _Cand("arrow", glyph, (200.0, 120.0), 0.5, region=(200.0, 105.0, 230.0, 135.0), direction=0.0)
     assert _orient(panel, forwards) is forwards
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_letters_of_printed_words_are_not_markers(seed):
+    """Words printed on a dark picture (a coloured channel name, a heading): their letters pass
+    the shape tests for rings and asterisks ("C"), but they lie in a line of text; the arrow
+    beside them is still a marker."""
+    from PIL import ImageFont
+
+    font = ImageFont.load_default(size=28)
+    img = Image.fromarray(texture(240, 320, seed, lo=10, hi=60))
+    d = ImageDraw.Draw(img)
+    words = [((20, 20), "CA1 Merge", (230, 40, 230)), ((20, 90), "DAPI 37", (40, 230, 40))]
+    words.append(((20, 160), "Lamina fragments", (255, 255, 255)))
+    boxes = []
+    for at, text, colour in words:
+        d.text(at, text, fill=colour, font=font)
+        boxes.append(d.textbbox(at, text, font=font))
+    draw_arrow(d, (260, 150), 45, 40, (255, 255, 0))
+    found = detect_markers(np.asarray(img), (0.0, 0.0, 320.0, 240.0))
+    assert near(found, (260, 150), radius=8, kind="arrow")
+    pointing_or_symbol = ("arrow", "arrowhead", "asterisk", "star", "circle")
+    on_words = [
+        m
+        for m in found
+        if m.kind in pointing_or_symbol
+        and any(
+            contains_point(b, *((m.glyph_box[0] + m.glyph_box[2]) / 2, (m.glyph_box[1] + m.glyph_box[3]) / 2))
+            for b in boxes
+        )
+    ]
+    assert on_words == []
+
+
+def test_a_letter_of_a_rotated_label_is_in_a_word():
+    """A label printed up the picture ("DAPI" turned a quarter) is a line of text too: an arrow-
+    like glyph on one of its letters lies in a word; a glyph on a two-letter word across ("CA")
+    as well; the same glyph box on bare texture does not."""
+    from PIL import ImageFont
+
+    from p2p.mining.cpu.markers.rules import _Cand, _find, _in_word
+
+    font = ImageFont.load_default(size=28)
+    img = Image.fromarray(texture(320, 320, 3, lo=10, hi=60))
+    word = Image.new("RGBA", (200, 40), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(word)
+    draw.text((0, 0), "DAPI", fill=(230, 230, 230, 255), font=font)
+    _, top, right, bottom = draw.textbbox((0, 0), "DAPI", font=font)
+    turned = word.rotate(90, expand=True)  # reads bottom to top, at x 30 + top .. 30 + bottom
+    img.paste(turned, (30, 40), turned)
+    d = ImageDraw.Draw(img)
+    d.text((150, 60), "CA", fill=(230, 40, 230), font=font)
+    ca = d.textbbox((150, 60), "CA", font=font)
+    c_only = d.textbbox((150, 60), "C", font=font)
+    found = _find(np.asarray(img), load_params().markers, use_net=False)
+
+    def in_word(box: tuple[int, int, int, int]) -> bool:
+        return _in_word(found, _Cand("arrow", box, (0.0, 0.0), 0.9))
+
+    x1, x2 = 30 + top, 30 + bottom
+    y1 = 40 + 200 - right  # the top of the turned word
+    assert in_word((x1, y1 + 8, x2, y1 + 25))  # a letter in the middle of it
+    assert in_word((c_only[2], ca[1], ca[2], ca[3]))  # the "A" of "CA"
+    assert not in_word((220, 200, 240, 220))
