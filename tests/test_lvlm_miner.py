@@ -3,6 +3,8 @@ accounting, and every fault the issue names (bad answers, bad coordinates, busy 
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -299,3 +301,43 @@ def test_inverted_boxes_are_fixed_and_boxes_past_the_image_are_clipped(
     for box in [p.box for p in result.panels] + [r.box for r in result.regions]:
         assert 0 <= box[0] < box[2] <= width and 0 <= box[1] < box[3] <= height
     assert any("clipped" in note for note in result.notes)
+
+
+class _MisreadingCpu:
+    """The CPU miner, with its labels read as others (a/b swapped, the rest lost): what it
+    proposes on a real figure whose labels it misreads."""
+
+    def __init__(self, cpu: CpuMiner) -> None:
+        self._cpu = cpu
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cpu, name)
+
+    def mine(self, image: np.ndarray, caption: str, **kwargs: Any) -> MiningResult:
+        result = self._cpu.mine(image, caption, **kwargs)
+        swap = {"a": "b", "b": "a"}
+        for panel in result.panels:
+            panel.label = swap.get(panel.label or "")
+        return result
+
+
+def test_hybrid_takes_the_models_printed_labels_when_the_caption_names_none(
+    tmp_path: Path, sim: SimServer, cpu_miner: CpuMiner, lvlm_dataset: Path, lvlm_entries: dict[str, Any]
+) -> None:
+    # the labelled figure again, under a caption that names no panel (the model still reads the
+    # printed labels; the simulated server finds its figures by caption)
+    caption = "Cell death in the cell lines we studied."
+    entry = {**lvlm_entries[LABELLED], "caption": caption, "subcaptions": {}}
+    shutil.copy(lvlm_dataset / LABELLED, tmp_path / LABELLED)
+    (tmp_path / "annotations.json").write_text(json.dumps({LABELLED: entry}))
+    sim.registry.add_folder(tmp_path)
+    miner = LvlmMiner(lvlm_settings(sim, mode="hybrid"), cpu=_MisreadingCpu(cpu_miner))  # type: ignore[arg-type]
+    try:
+        result = miner.mine(figure_pixels(tmp_path, LABELLED), caption)
+    finally:
+        miner.close()
+    gt = [geometry.from_inclusive(p["box"]) for p in entry["panels"]]
+    matches = geometry.match_greedy([p.box for p in result.panels], gt, 0.9)
+    assert {entry["panels"][j]["label"] for _, j, _ in matches} >= {"a", "b"}  # read as b and a
+    assert all(result.panels[i].label == entry["panels"][j]["label"] for i, j, _ in matches)
+    assert any("labels corrected by the model" in note for note in result.notes)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from p2p.mining.captions import split_caption
+from p2p.mining.cpu.labels.read import normalize_label
 from p2p.mining.cpu.markers.rules import detect_markers
 from p2p.mining.lvlm.client import LvlmClient
 from p2p.mining.lvlm.loop import LoopThread
@@ -315,7 +316,7 @@ class LvlmMiner:
                 box = own[i]
                 if box is not None and geometry.iou(box, panel.box) >= AGREE_IOU:
                     agree += 1
-                if v is not None and v.panel_id in mentioned and v.panel_id != panel.label:
+                if v is not None and v.panel_id != panel.label and _takes_label(v.panel_id, mentioned):
                     panel.label, relabelled = v.panel_id, True
             confidence = agree / len(panels) if panels else 0.0
             decompose = confidence < s.hybrid_min_confidence or answer.missing_panels > 0 or rejected > 0
@@ -373,6 +374,17 @@ class LvlmMiner:
         timer["describe"] = time.perf_counter() - t0
         notes = list(cpu_result.notes)
         return MiningResult(width, height, panels, cpu_result.markers, regions, timer, notes=notes)
+
+
+def _takes_label(panel_id: str | None, mentioned: list[str]) -> bool:
+    """Whether the model's label for a CPU panel replaces the CPU's: one the caption speaks about,
+    or, when the caption names no panel at all (no caption, or a caption without labels), any
+    label as figures print them: the model reads the printed label, which is all there is."""
+    if not panel_id:
+        return False
+    if mentioned:
+        return panel_id in mentioned
+    return normalize_label(panel_id) == panel_id
 
 
 def caption_labels(caption: str, labels: list[str | None]) -> tuple[CaptionSplit, list[str]]:
