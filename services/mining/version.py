@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 2  # 2: panels owned by their labels (cpu.ownership), large figures at max_side
+MINER_REVISION = 3  # 3: sub-labelled picture grids, compound caption labels, no markers in words
 
 
 @cache
