@@ -278,10 +278,18 @@ def split_sub_labelled(
     for group in _groups({i: tile for i, (_, tile) in pictures.items()}):
         boxes = _in_reading_order([pictures[i][1] for i in group])
         order = sorted(group, key=lambda i: boxes.index(pictures[i][1]))
-        readings = [
-            _numbered(gray, pictures[i][1], _whole_label(candidates, labels, pictures[i]), detections, u)
-            for i in order
-        ]
+
+        def read(i: int) -> LabelDetection | None:
+            return _numbered(
+                gray, pictures[i][1], _whole_label(candidates, labels, pictures[i]), detections, u
+            )
+
+        # a grid numbers its first pictures too: when neither of the first two reads as a numbered
+        # label, the rest are not read (most grids under one letter; the reads are the cost)
+        readings = [read(i) for i in order[:2]]
+        if all(r is None or _place(r.raw) is None for r in readings):
+            continue
+        readings += [read(i) for i in order[2:]]
         series = _series(readings, named_keys)
         if series is None:
             continue
