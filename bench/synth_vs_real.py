@@ -93,6 +93,18 @@ def _recall_by(
     return {g: {"recall_0.9": h / n, "panels": n} for g, (h, n) in sorted(hits.items())}
 
 
+def _panel_kinds(truth: dict[str, Any]) -> list[str]:
+    """The block kind of each true panel, in order: a sub-labelled grid's block gives one panel
+    per picture, every other block one."""
+    kinds: list[str] = []
+    for block in truth["synth"]["blocks"]:
+        pictures = (
+            block["parts"].get("subimages", []) if block["kind"] == "sub_grid" and block["label"] else []
+        )
+        kinds += [block["kind"]] * max(1, len(pictures))
+    return kinds
+
+
 def _figure_groups(
     annotations: dict[str, Any], mined: dict[str, tuple[Any, float]], key: Any
 ) -> dict[str, dict[str, Any]]:
@@ -144,7 +156,7 @@ def score_set(
         annotations, mined, lambda t: "labelled" if any(p.get("label") for p in t["panels"]) else "unlabelled"
     )
     if synth and any("blocks" in annotations[n].get("synth", {}) for n in names):
-        entry["recall_by_kind"] = _recall_by(annotations, mined, lambda t, j: t["synth"]["blocks"][j]["kind"])
+        entry["recall_by_kind"] = _recall_by(annotations, mined, lambda t, j: _panel_kinds(t)[j])
         entry["by_size_class"] = _figure_groups(annotations, mined, lambda t: t["synth"]["size_class"])
         entry["by_transparency"] = _figure_groups(
             annotations, mined, lambda t: "transparent" if t["synth"]["transparent"] else "opaque"
