@@ -387,7 +387,8 @@ def _truth(
     subcaptions: dict[str, str],
 ) -> dict[str, Any]:
     sx, sy = scale
-    panels, label_boxes = [], []
+    panels: list[dict[str, Any]] = []
+    label_boxes: list[dict[str, Any]] = []
     for b in blocks:
         assert b.drawn is not None
         for m in b.members or []:
