@@ -33,6 +33,7 @@ GUTTER_SHARE = 0.97  # of its pixels (JPEG speckle)
 MIN_TILE_SHARE = 0.12  # a picture spans at least this share of the piece's side
 MIN_TILE_PX = 24
 PICTURE_FILL = 0.85  # a picture covers its box (charts and diagrams are mostly white)
+PICTURE_STD = 12.0  # and varies across it (a flat grey block is no picture)
 MIN_READ_SHARE = 0.5  # of the pictures whose numbered label must be read
 SUB_CONFIDENCE = 0.75  # a panel cut out of a grid at its printed sub-label
 INFERRED_CONFIDENCE = 0.35  # a sub-label not read, numbered from its place in the series
@@ -110,8 +111,7 @@ def picture_tiles(gray: np.ndarray, box: IntBox) -> list[IntBox]:
         for ry1, ry2 in _cuts(column, axis=1):
             if ry2 - ry1 < min_h:
                 continue
-            tile = column[ry1:ry2]
-            if float((tile < GUTTER_GREY).mean()) < PICTURE_FILL or float(tile.std()) < 12.0:
+            if not _fills_like_picture(column[ry1:ry2]):
                 continue  # a header row, a chart, a diagram: no picture
             tiles.append((x1 + cx1, y1 + ry1, x1 + cx2, y1 + ry2))
     covered = sum((t[2] - t[0]) * (t[3] - t[1]) for t in tiles)
@@ -188,12 +188,16 @@ def _series(readings: list[LabelDetection | None], named: set[str]) -> list[str]
     return labels
 
 
+def _fills_like_picture(patch: np.ndarray) -> bool:
+    return float((patch < GUTTER_GREY).mean()) >= PICTURE_FILL and float(patch.std()) >= PICTURE_STD
+
+
 def _is_picture(gray: np.ndarray, box: IntBox) -> bool:
     x1, y1, x2, y2 = box
     patch = gray[y1:y2, x1:x2]
     if patch.size == 0 or min(x2 - x1, y2 - y1) < MIN_TILE_PX:
         return False
-    return float((patch < GUTTER_GREY).mean()) >= PICTURE_FILL and float(patch.std()) >= 12.0
+    return _fills_like_picture(patch)
 
 
 def _neighbours(a: IntBox, b: IntBox) -> bool:
@@ -229,7 +233,9 @@ def _groups(boxes: dict[int, IntBox]) -> list[list[int]]:
     return out
 
 
-def _numbered(gray: np.ndarray, box: IntBox, label: str | None, detections: list[LabelDetection], u: float):  # type: ignore[no-untyped-def]
+def _numbered(
+    gray: np.ndarray, box: IntBox, label: str | None, detections: list[LabelDetection], u: float
+) -> LabelDetection | None:
     """The numbered label of a picture: the one the label stage gave it, else its corner read."""
     if label is not None and as_sub_label(label) is not None:
         for d in detections:
@@ -245,6 +251,24 @@ def _detection(text: str, tile: IntBox, reading: LabelDetection | None, u: float
     side = 2.0 * u
     corner = (float(tile[0]), float(tile[1]), tile[0] + side, tile[1] + side)
     return LabelDetection(text=text, box=corner, confidence=INFERRED_CONFIDENCE, raw="")
+
+
+def _pictures(
+    gray: np.ndarray, candidates: list[PanelCandidate], labels: list[str | None]
+) -> tuple[dict[int, tuple[int, IntBox]], dict[int, str | None]]:
+    """Every piece's pictures: picture id -> (its piece, its box), and the label the label stage
+    gave each picture that is a whole piece."""
+    pictures: dict[int, tuple[int, IntBox]] = {}
+    given: dict[int, str | None] = {}
+    for k, candidate in enumerate(candidates):
+        box: IntBox = tuple(round(v) for v in candidate.box)  # type: ignore[assignment]
+        tiles = picture_tiles(gray, box)
+        if not tiles and _is_picture(gray, box):
+            given[len(pictures)] = labels[k]
+            tiles = [box]
+        for tile in tiles:
+            pictures[len(pictures)] = (k, tile)
+    return pictures, given
 
 
 def split_sub_labelled(
@@ -268,21 +292,14 @@ def split_sub_labelled(
     heights = sorted(d.box[3] - d.box[1] for d in detections if d.confidence >= 0.5)
     if heights:
         u = max(u, 0.5 * heights[len(heights) // 2])
-    pictures: dict[int, tuple[int, IntBox]] = {}  # picture id -> (its piece, its box)
-    for k, candidate in enumerate(candidates):
-        box: IntBox = tuple(round(v) for v in candidate.box)  # type: ignore[assignment]
-        tiles = picture_tiles(gray, box) or ([box] if _is_picture(gray, box) else [])
-        for tile in tiles:
-            pictures[len(pictures)] = (k, tile)
+    pictures, given = _pictures(gray, candidates, labels)
     named_pictures: dict[int, tuple[str, LabelDetection]] = {}
     for group in _groups({i: tile for i, (_, tile) in pictures.items()}):
         boxes = _in_reading_order([pictures[i][1] for i in group])
         order = sorted(group, key=lambda i: boxes.index(pictures[i][1]))
 
         def read(i: int) -> LabelDetection | None:
-            return _numbered(
-                gray, pictures[i][1], _whole_label(candidates, labels, pictures[i]), detections, u
-            )
+            return _numbered(gray, pictures[i][1], given.get(i), detections, u)
 
         # a grid numbers its first pictures too: when neither of the first two reads as a numbered
         # label, the rest are not read (most grids under one letter; the reads are the cost)
@@ -340,12 +357,3 @@ def _cut(
 def _holds(tile: IntBox, box: tuple[float, float, float, float]) -> bool:
     cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
     return tile[0] <= cx < tile[2] and tile[1] <= cy < tile[3]
-
-
-def _whole_label(
-    candidates: list[PanelCandidate], labels: list[str | None], picture: tuple[int, IntBox]
-) -> str | None:
-    """The label the label stage gave a picture that is a whole piece (None for a grid's part)."""
-    k, tile = picture
-    box = tuple(round(v) for v in candidates[k].box)
-    return labels[k] if box == tile else None
