@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2p.mining.label_repair import repair_with_caption
+from p2p.mining.label_repair import repair_with_caption, repair_with_series
 
 SEQ = list("abcdefgh")
 
@@ -83,3 +83,43 @@ def test_panels_labelled_column_by_column_are_repaired_down_the_columns() -> Non
     assert repair_labels(caption, labels) == ["A", "B", "C", "D", "E", "F"]
     # in row-first order the same readings do not run as the caption's series: nothing is filled
     assert repair_labels(caption, read) == read
+
+
+def test_a_grid_without_caption_labels_takes_its_printed_series_in_reading_order() -> None:
+    # twelve alike pictures, A and D read (white letters on busy pictures read badly)
+    read = ["A", None, None, "D", *[None] * 8]
+    assert repair_with_series(read, [100.0] * 12, grid_ratio=1.5) == list("ABCDEFGHIJKL")
+    # lower case stays lower case; gaps between readings are filled whatever the layout
+    areas = [100.0, 400.0, 90.0, 100.0]
+    assert repair_with_series(["a", None, "c", None], areas, grid_ratio=1.5) == ["a", "b", "c", None]
+
+
+def test_the_printed_series_runs_on_only_where_it_is_sure() -> None:
+    grid = [100.0] * 6
+    # panels of unlike sizes: what follows D is not known to be E, F
+    assert repair_with_series(
+        ["A", None, None, "D", None, None], [100.0, 100.0, 100.0, 100.0, 300.0, 100.0], grid_ratio=1.5
+    ) == ["A", "B", "C", "D", None, None]
+    # a reading out of its place (an unlabelled piece before B): nothing past the last reading
+    assert repair_with_series(["A", None, "B", None, None, None], grid, grid_ratio=1.5) == [
+        "A",
+        None,
+        "B",
+        None,
+        None,
+        None,
+    ]
+    # one reading, mixed cases, or words are no series
+    assert repair_with_series(["A", *[None] * 5], grid, grid_ratio=1.5) == ["A", *[None] * 5]
+    assert repair_with_series(["A", None, "c", *[None] * 3], grid, grid_ratio=1.5) == [
+        "A",
+        None,
+        "c",
+        *[None] * 3,
+    ]
+    assert repair_with_series(["top", None, "B", *[None] * 3], grid, grid_ratio=1.5) == [
+        "top",
+        None,
+        "B",
+        *[None] * 3,
+    ]

@@ -98,3 +98,32 @@ def repair_with_caption(labels: Sequence[str | None], sequence: Sequence[str]) -
             used.add(label)
         final.append(label)
     return final
+
+
+def repair_with_series(
+    labels: Sequence[str | None], areas: Sequence[float], *, grid_ratio: float
+) -> list[str | None]:
+    """Labels completed from the figure's own printed series when the caption names none.
+
+    The readings must be single letters of one case; the series runs from "a" to the last letter
+    read and gaps are filled as from a caption's sequence. Past the last reading the series goes
+    on only in a regular grid (every panel's area within ``grid_ratio`` of every other's) whose
+    readings all stand at their letter's place in reading order: A first, D fourth."""
+    read = [label for label in labels if label is not None]
+    if len(read) < 2 or not all(len(label) == 1 and label.isalpha() for label in read):
+        return list(labels)
+    upper = read[0].isupper()
+    if any(label.isupper() != upper for label in read):
+        return list(labels)
+    places = {r: ord(label.lower()) - ord("a") for r, label in enumerate(labels) if label is not None}
+    count = max(places.values()) + 1
+    if len(labels) > count and all(r == place for r, place in places.items()) and _grid(areas, grid_ratio):
+        count = len(labels)
+    if count > 26:
+        return list(labels)
+    sequence = [chr(ord("a") + k) for k in range(count)]
+    return repair_with_caption(labels, [s.upper() for s in sequence] if upper else sequence)
+
+
+def _grid(areas: Sequence[float], ratio: float) -> bool:
+    return len(areas) >= 2 and min(areas) > 0 and max(areas) <= ratio * min(areas)

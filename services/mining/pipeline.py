@@ -31,7 +31,7 @@ from p2p.mining.cpu.segmentation.seam_net import shipped_net as shipped_seam_net
 from p2p.mining.cpu.segmentation.seams import default_model as seam_model
 from p2p.mining.cpu.segmentation.segment import segment_figure
 from p2p.mining.cpu.working_scale import MAX_SIDE, map_back, shrink
-from p2p.mining.label_repair import repair_with_caption
+from p2p.mining.label_repair import repair_with_caption, repair_with_series
 from p2p.mining.params import (
     AxisStripParams,
     CountParams,
@@ -304,14 +304,29 @@ def _reading_order(ctx: StageContext) -> None:
     ctx.candidates, ctx.labels = in_reading_order(ctx.candidates, ctx.labels)
 
 
-def _caption_labels(ctx: StageContext) -> None:
-    """The labels completed from the caption's sequence, and the caption split on them."""
+@dataclass(frozen=True)
+class _CaptionLabelStage:
+    params: LabelParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        _caption_labels(ctx, grid_area_ratio=self.params.grid_area_ratio)
+
+
+def _caption_labels(ctx: StageContext, *, grid_area_ratio: float) -> None:
+    """The labels completed from the caption's sequence (or, when the caption names none, from
+    the printed series), and the caption split on them."""
     labels, candidates = ctx.labels, ctx.candidates
     if any(labels) and len(candidates) > 1:
         repaired = repair_labels(ctx.caption, labels)
         if repaired != labels:
             ctx.notes.append("panel labels completed from the caption's label sequence")
             labels = repaired
+        elif len(split_caption(ctx.caption).labels_in_order) < 2:
+            areas = [(c.box[2] - c.box[0]) * (c.box[3] - c.box[1]) for c in candidates]
+            repaired = repair_with_series(labels, areas, grid_ratio=grid_area_ratio)
+            if repaired != labels:
+                ctx.notes.append("panel labels completed from the printed series in reading order")
+                labels = repaired
     known = [label for label in labels if label]
     split = split_caption(ctx.caption, known or None)
     if not any(labels):
@@ -482,7 +497,12 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
             _ownership,
         ),
         Stage("reading_order", ("candidates", "labels"), ("candidates", "labels"), _reading_order),
-        Stage("captions", ("caption", "candidates", "labels"), ("labels", "split"), _caption_labels),
+        Stage(
+            "captions",
+            ("caption", "candidates", "labels"),
+            ("labels", "split"),
+            _CaptionLabelStage(p.labels),
+        ),
         Stage(
             "panel_type",
             ("image", "candidates"),

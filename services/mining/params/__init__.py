@@ -79,6 +79,7 @@ class CountParams:
 class LabelParams:
     min_score: float  # readings below this are dropped
     strong_score: float  # below this they count only if the a, b, c... sequence confirms them
+    grid_area_ratio: float  # panels this alike in area are a grid: a printed series runs on over it
 
 
 @dataclass(frozen=True)
