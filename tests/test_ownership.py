@@ -210,3 +210,84 @@ def test_without_labels_a_picture_stands_apart_from_a_chart_beside_it() -> None:
     pieces = [PanelCandidate(box=(10.0, 10.0, 170.0, 170.0)), PanelCandidate(box=(200.0, 10.0, 590.0, 290.0))]
     panels, owned, _ = own_panels(figure, pieces, [None, None], [], named=[])
     assert panels == pieces and owned == [None, None]
+
+
+def _network(image: np.ndarray, nodes: list[tuple[int, int]], edges: list[tuple[int, int]]) -> None:
+    """A node-link diagram: named nodes joined by lines."""
+    for a, b in edges:
+        cv2.line(image, nodes[a], nodes[b], (60, 90, 160), 2)
+    for k, (x, y) in enumerate(nodes):
+        cv2.circle(image, (x, y), 7, (30, 30, 30), -1)
+        _text(image, f"n{k}", x + 9, y + 4, 0.35)
+
+
+def _staggered() -> tuple[np.ndarray, list[LabelDetection]]:
+    """Three networks no straight gutter divides: A's edges reach past the corners of B and C."""
+    image = _canvas(600, 440)
+    labels = [_label(image, "A", 8, 8), _label(image, "B", 330, 8), _label(image, "C", 262, 262)]
+    a_nodes = [(60, 60), (200, 50), (110, 160), (330, 240), (50, 280)]
+    _network(image, a_nodes, [(0, 1), (0, 2), (2, 3), (2, 4), (1, 3)])
+    _network(image, [(370, 60), (540, 60), (450, 180)], [(0, 1), (1, 2), (2, 0)])
+    _network(image, [(300, 310), (540, 290), (420, 410)], [(0, 1), (1, 2), (2, 0)])
+    return image, labels
+
+
+def test_labels_without_a_gutter_between_them_share_out_the_content() -> None:
+    image, labels = _staggered()
+    # the segmenter saw one piece: the labels share it out, each piece to the label heading it
+    merged = [PanelCandidate(box=(40.0, 40.0, 580.0, 420.0), confidence=0.9)]
+    panels, owned, notes = own_panels(image, merged, ["A"], labels, named=[])
+    by_label = dict(zip(owned, panels, strict=True))
+    assert sorted(by_label) == ["A", "B", "C"]
+    assert _near(by_label["A"].box, (43, 43, 350, 288), tol=6)  # its node n3 and its name
+    assert _near(by_label["B"].box, (363, 53, 560, 188), tol=6)
+    assert _near(by_label["C"].box, (293, 283, 560, 418), tol=6)
+    assert all(p.confidence < 0.8 for p in panels) and "went to the label heading it" in notes[0]
+    # pieces that already give each label one piece stay as the segmenter found them
+    pieces = [
+        PanelCandidate(box=(43.0, 43.0, 350.0, 288.0), confidence=0.9),
+        PanelCandidate(box=(363.0, 53.0, 560.0, 188.0), confidence=0.9),
+        PanelCandidate(box=(293.0, 283.0, 560.0, 418.0), confidence=0.9),
+    ]
+    kept, kept_labels, _ = own_panels(image, pieces, ["A", "B", "C"], labels, named=[])
+    assert kept_labels == ["A", "B", "C"] and [p.box for p in kept] == [p.box for p in pieces]
+
+
+def test_content_no_label_here_heads_keeps_the_segmenters_pieces() -> None:
+    # B and C share a part with a picture left of both that no printed label heads
+    image = _canvas(600, 440)
+    labels = [_label(image, "B", 330, 8), _label(image, "C", 262, 262)]
+    _picture(image, (20, 60, 200, 250), 3)
+    _network(image, [(370, 60), (540, 60), (450, 180), (250, 200)], [(0, 1), (1, 2), (2, 0), (2, 3)])
+    _network(image, [(300, 310), (540, 290), (420, 410)], [(0, 1), (1, 2), (2, 0)])
+    merged = [PanelCandidate(box=(20.0, 53.0, 560.0, 418.0), confidence=0.9)]
+    panels, owned, notes = own_panels(image, merged, ["B"], labels, named=[])
+    assert owned == ["B"] and [p.box for p in panels] == [p.box for p in merged]
+    assert notes == ["labels B, C share a part with no gutter between them"]
+
+
+def test_letters_read_past_a_gap_in_the_series_are_looked_for_between() -> None:
+    from PIL import Image, ImageDraw
+
+    from p2p.mining.cpu.ownership import past_gap, unread_labels
+    from tests.test_labels import font
+
+    picture = Image.new("RGB", (900, 300), "white")
+    draw = ImageDraw.Draw(picture)
+    read = []
+    for k, letter in enumerate("ABCDEF"):
+        x = 20 + 140 * k
+        draw.text((x, 20), letter, fill="black", font=font(28))
+        draw.rectangle((x + 10, 70, x + 120, 260), fill=(90, 90, 90))
+        if letter in "ABF":
+            box = tuple(float(v) for v in draw.textbbox((x, 20), letter, font=font(28)))
+            read.append(LabelDetection(text=letter, box=box, confidence=0.9, raw=letter))  # type: ignore[arg-type]
+    image = np.asarray(picture)
+    ink, factor = working_ink(image)
+    series = series_labels(read, [])
+    assert sorted(d.text for d in series) == ["A", "B"]  # F is past the run's end
+    assert past_gap(read, series) == "F"
+    assert unread_labels(image, ink, factor, series, []) == []  # A to B: nothing missing
+    found = unread_labels(image, ink, factor, series, [], past_gap(read, series))
+    assert {"D", "E"} <= {d.text for d in found}
+    assert {d.text for d in series_labels(read + found, [])} >= {"A", "B", "D", "E", "F"}

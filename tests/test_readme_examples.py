@@ -133,7 +133,9 @@ def test_demo_serves_both_apis_and_the_viewer(demo: Demo) -> None:
     said = demo.output()
     assert "ingested 10, duplicates 0, failed 0" in said
     found = re.search(
-        r"search 'fluorescence micrograph of cells' \(panels\), best 3:\n  \d\.\d{3}  panel ", said
+        # an untrained vision tower (--train-steps 0) scores near zero, either side of it
+        r"search 'fluorescence micrograph of cells' \(panels\), best 3:\n  -?\d\.\d{3}  panel ",
+        said,
     )
     assert found, said[said.find("search '") - 200 :][:2000] if "search '" in said else said[-3000:]
     assert "embedding API: profile=embedded" in said and "AUTH DISABLED" in said

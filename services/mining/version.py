@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 3  # 3: sub-labelled picture grids, compound caption labels, no markers in words
+MINER_REVISION = 4  # 4: content shared out among labels without gutters, series past a gap
 
 
 @cache

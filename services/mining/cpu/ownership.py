@@ -60,6 +60,9 @@ MAX_SERIES_GAP = 2  # letters missing in a row before the series is taken to hav
 MIN_CONTENT_SHARE = 0.002  # of a part's area: the ink beside its labels that makes it content
 MAX_GLYPH_READS = 48  # lone glyphs read in search of unread labels, likeliest sizes first
 OWNED_CONFIDENCE = 0.8  # a panel assembled from pieces under its label
+SHARED_JOIN = 0.2  # label heights: ink this close is one piece of a part labels share
+SHARED_BODY = 0.02  # of a shared part's ink: a piece this large is a panel's body
+SHARED_CONFIDENCE = 0.6  # a panel given its pieces in a part without gutters
 
 IntBox = tuple[int, int, int, int]
 
@@ -132,14 +135,17 @@ def _sub_labels(detections: list[LabelDetection], kept: list[LabelDetection]) ->
     return list(subs.values())
 
 
-def expected_letters(series: list[LabelDetection], named: list[str]) -> list[str]:
-    """The single-letter labels the figure should print: the caption's, or a to the last read."""
+def expected_letters(series: list[LabelDetection], named: list[str], upto: str | None = None) -> list[str]:
+    """The single-letter labels the figure should print: the caption's, or a to the last read
+    (or to ``upto``, a letter read past a gap in the series)."""
     if named:
         return [n for n in named if len(n) == 1 and n.isalpha()]
     if not series:
         return []
     upper = series[0].text.isupper()
     last = max(ord(d.text.lower()) for d in series)
+    if upto is not None:
+        last = max(last, ord(upto.lower()))
     letters = [chr(c) for c in range(ord("a"), last + 1)]
     return [c.upper() if upper else c for c in letters]
 
@@ -150,11 +156,12 @@ def unread_labels(
     factor: int,
     series: list[LabelDetection],
     named: list[str],
+    upto: str | None = None,
 ) -> list[LabelDetection]:
     """Labels the series lacks, looked for among lone glyphs the size of those read: a letter
     standing apart (blank margin all round) read by the label recogniser as a missing letter."""
     have = {d.text.lower() for d in series}
-    missing = {c.lower(): c for c in expected_letters(series, named) if c.lower() not in have}
+    missing = {c.lower(): c for c in expected_letters(series, named, upto) if c.lower() not in have}
     if not missing or not series:
         return []
     heights = sorted(d.box[3] - d.box[1] for d in series)
@@ -171,6 +178,26 @@ def unread_labels(
         if key not in best or det.confidence > best[key].confidence:
             best[key] = LabelDetection(text=missing[key], box=det.box, confidence=det.confidence, raw=det.raw)
     return list(best.values())
+
+
+def past_gap(detections: list[LabelDetection], series: list[LabelDetection]) -> str | None:
+    """The last letter of the series' case read past the gap where the series stopped (a J read
+    after A to E, F to I unread), if any: the letters between are worth looking for."""
+    letters = [d for d in series if len(d.text) == 1]
+    if not letters:
+        return None
+    upper = letters[0].text.isupper()
+    last = max(ord(d.text.lower()) for d in letters)
+    past = [
+        d.text
+        for d in detections
+        if len(d.text) == 1
+        and d.text.isalpha()
+        and d.text.isupper() == upper
+        and d.confidence >= MIN_LABEL_CONFIDENCE
+        and ord(d.text.lower()) > last
+    ]
+    return max(past, key=str.lower) if past else None
 
 
 def _lone_glyphs(ink: np.ndarray, factor: int, h: float, taken: list[Box]) -> list[IntBox]:
@@ -653,7 +680,10 @@ def own_panels(
     if len(series) < 2:
         return candidates, labels, []
     ink, factor = working_ink(image)
-    series = series + unread_labels(image, ink, factor, series, named)
+    upto = None if named else past_gap(detections, series)
+    found = unread_labels(image, ink, factor, series, named, upto)
+    # with the letters between found, a letter read past the gap joins the series
+    series = series_labels(detections + found, named) if upto else series + found
     anchors = [
         Anchor(
             text=d.text,
@@ -667,7 +697,7 @@ def own_panels(
         for d in series
     ]
     parts = label_parts(ink, anchors)
-    if len(parts) < 2:
+    if len(parts) < 2 and len(parts[0][1]) < 2:
         return candidates, labels, []
     out, out_labels, notes = _panels_of_parts(image, ink, factor, parts, candidates, labels)
     if not out:
@@ -690,8 +720,9 @@ def _panels_of_parts(
     candidates: list[PanelCandidate],
     labels: list[str | None],
 ) -> tuple[list[PanelCandidate], list[str | None], list[str]]:
-    """One panel per part with one label; a part several labels share keeps the segmenter's
-    pieces inside it, with their labels."""
+    """One panel per part with one label. A part several labels share keeps the segmenter's
+    pieces inside it where they give each label one piece; otherwise its content is shared out
+    piece by piece (``_shared_part``), or, when that fails, the pieces stay as they are."""
     faint, _ = working_ink(image, FAINT_THRESHOLD)
     full = faint_ink(image, FAINT_THRESHOLD)
     text_height = float(np.median([a.box[3] - a.box[1] for _, owners in parts for a in owners]))
@@ -705,16 +736,125 @@ def _panels_of_parts(
                 out.append(PanelCandidate(box=owned[0], confidence=OWNED_CONFIDENCE, outer_box=owned[1]))
                 out_labels.append(owners[0].text)
             continue
+        pieces = _pieces_in(part, factor, candidates, labels)
+        one_each = sorted(str(label) for _, label in pieces) == sorted(a.text for a in owners)
+        shared = None if one_each else _shared_part(image, faint, full, factor, part, owners, text_height)
+        if shared is not None:
+            notes.append(
+                "labels " + ", ".join(a.text for a in owners) + " share a part with no gutter between "
+                "them: each piece of content went to the label heading it"
+            )
+            out.extend(shared)
+            out_labels.extend(a.text for a in owners)
+            continue
         notes.append(
             "labels " + ", ".join(a.text for a in owners) + " share a part with no gutter between them"
         )
-        for cand, label in zip(candidates, labels, strict=True):
-            clipped = _clip(cand.box, part, factor)
-            cand_area = max(1e-9, (cand.box[2] - cand.box[0]) * (cand.box[3] - cand.box[1]))
-            if (
-                clipped is not None
-                and (clipped[2] - clipped[0]) * (clipped[3] - clipped[1]) >= 0.5 * cand_area
-            ):
-                out.append(PanelCandidate(box=clipped, confidence=cand.confidence))
-                out_labels.append(label)
+        for piece, label in pieces:
+            out.append(piece)
+            out_labels.append(label)
     return out, out_labels, notes
+
+
+def _pieces_in(
+    part: IntBox, factor: int, candidates: list[PanelCandidate], labels: list[str | None]
+) -> list[tuple[PanelCandidate, str | None]]:
+    """The segmenter's pieces mostly inside ``part``, clipped to it, with their labels."""
+    pieces = []
+    for cand, label in zip(candidates, labels, strict=True):
+        clipped = _clip(cand.box, part, factor)
+        cand_area = max(1e-9, (cand.box[2] - cand.box[0]) * (cand.box[3] - cand.box[1]))
+        if clipped is not None and (clipped[2] - clipped[0]) * (clipped[3] - clipped[1]) >= 0.5 * cand_area:
+            pieces.append((PanelCandidate(box=clipped, confidence=cand.confidence), label))
+    return pieces
+
+
+def _shared_part(
+    image: np.ndarray,
+    faint: np.ndarray,
+    full: np.ndarray,
+    factor: int,
+    part: IntBox,
+    owners: list[Anchor],
+    text_height: float,
+) -> list[PanelCandidate] | None:
+    """Panels of labels that share a part no straight gutter divides (staggered diagrams, a
+    network's edges reaching past its neighbour's corner): each connected piece of content goes
+    to the label heading it, the nearest label above and left of the piece's top-left corner.
+    None when a label gets no content of its own."""
+    x1, y1, x2, y2 = part
+    local = faint[y1:y2, x1:x2].copy()
+    for a in owners:
+        pad = max(1, (a.box[3] - a.box[1]) // 4)
+        local[
+            max(0, a.box[1] - pad - y1) : max(0, a.box[3] + pad - y1),
+            max(0, a.box[0] - pad - x1) : max(0, a.box[2] + pad - x1),
+        ] = False
+    k = max(3, round(SHARED_JOIN * text_height))
+    joined = cv2.morphologyEx(local.astype(np.uint8), cv2.MORPH_CLOSE, np.ones((k, k), np.uint8))
+    count, comp, stats, _ = cv2.connectedComponentsWithStats(joined, connectivity=8)
+    if count < 2:
+        return None
+    tol = HEAD_TOLERANCE * text_height
+    heads = [(a.box[0] - x1, a.box[1] - y1) for a in owners]
+    # each pixel votes for the nearest label heading it (above and left); a piece goes whole
+    # to the label most of its pixels vote for
+    nearest, headed = _nearest_heads(heads, tol, (0, 0, x2 - x1, y2 - y1))
+    inked = joined > 0
+    pairs = np.asarray(comp[inked], dtype=np.int64) * len(owners) + nearest[inked]
+    votes = np.bincount(pairs, minlength=count * len(owners)).reshape(count, len(owners))
+    owner_of = votes.argmax(axis=1)
+    total = int(local.sum())
+    areas = stats[:, cv2.CC_STAT_AREA].astype(np.int64)
+    bodies = [i for i in range(1, count) if areas[i] >= SHARED_BODY * total]
+    headed_share = np.bincount(comp[inked], weights=headed[inked], minlength=count) / np.maximum(areas, 1)
+    if any(headed_share[i] < 0.5 for i in bodies):
+        return None  # a body no label here heads: the part was cut through another label's panel
+    # small pieces (a node's name, a tick label) go with the body nearest them, not the vote:
+    # text at a diagram's edge stands nearer the next label's corner than its own label's
+    if {int(owner_of[i]) for i in bodies} == set(range(len(owners))):
+        for i in range(1, count):
+            if areas[i] < SHARED_BODY * total:
+                owner_of[i] = owner_of[min(bodies, key=lambda b: _box_gap(stats[i], stats[b]))]
+    panels: list[PanelCandidate] = []
+    for j, owner in enumerate(owners):
+        mine = (owner_of[comp] == j) & local
+        if mine.sum() < MIN_SIDE_INK * total:
+            return None
+        masked = faint.copy()
+        masked[y1:y2, x1:x2] = mine
+        owned = _owned_box(image, masked, full, factor, part, owner, text_height)
+        if owned is None:
+            return None
+        panels.append(PanelCandidate(box=owned[0], confidence=SHARED_CONFIDENCE, outer_box=owned[1]))
+    return panels
+
+
+def _nearest_heads(
+    heads: list[tuple[int, int]], tol: float, box: tuple[int, int, int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each pixel of ``box`` (x, y, w, h): the index of the nearest label head above and
+    left of it (the nearest head of any where none is), and whether one was."""
+    x, y, w, h = box
+    xs = np.arange(x, x + w, dtype=np.float32)[None, :]
+    ys = np.arange(y, y + h, dtype=np.float32)[:, None]
+    best = np.full((h, w), np.inf, dtype=np.float32)
+    anywhere = np.full((h, w), np.inf, dtype=np.float32)
+    index = np.zeros((h, w), dtype=np.int64)
+    fallback = np.zeros((h, w), dtype=np.int64)
+    for j, (hx, hy) in enumerate(heads):
+        dist = np.hypot(xs - hx, ys - hy)
+        ok = (xs + tol >= hx) & (ys + tol >= hy)
+        closer = ok & (dist < best)
+        best[closer], index[closer] = dist[closer], j
+        near = dist < anywhere
+        anywhere[near], fallback[near] = dist[near], j
+    headed = np.isfinite(best)
+    return np.where(headed, index, fallback), headed
+
+
+def _box_gap(a: np.ndarray, b: np.ndarray) -> int:
+    """Blank distance between two component boxes (x, y, w, h), along the larger axis gap."""
+    dx = max(int(a[0]) - int(b[0] + b[2]), int(b[0]) - int(a[0] + a[2]), 0)
+    dy = max(int(a[1]) - int(b[1] + b[3]), int(b[1]) - int(a[1] + a[3]), 0)
+    return max(dx, dy)
