@@ -5,7 +5,16 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from p2p.mining.cpu.ownership import own_panels, separate_parts, series_labels, working_ink
+from p2p.mining.cpu.ownership import (
+    Anchor,
+    _next_letter,
+    label_parts,
+    own_panels,
+    separate_parts,
+    series_labels,
+    unread_labels,
+    working_ink,
+)
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 Box = tuple[int, int, int, int]
@@ -291,3 +300,55 @@ def test_letters_read_past_a_gap_in_the_series_are_looked_for_between() -> None:
     found = unread_labels(image, ink, factor, series, [], past_gap(read, series))
     assert {"D", "E"} <= {d.text for d in found}
     assert {d.text for d in series_labels(read + found, [])} >= {"A", "B", "D", "E", "F"}
+
+
+def _letters_over_pictures(
+    letters: str, read: str, *, face: str = "DejaVuSans.ttf", size: int = 28
+) -> tuple[np.ndarray, list[LabelDetection]]:
+    """A row of grey pictures, each with its letter above it; detections for those in ``read``."""
+    from PIL import Image, ImageDraw
+
+    from tests.test_labels import font
+
+    picture = Image.new("RGB", (140 * len(letters) + 40, 300), "white")
+    draw = ImageDraw.Draw(picture)
+    detections = []
+    for k, letter in enumerate(letters):
+        x = 20 + 140 * k
+        draw.text((x, 20), letter, fill="black", font=font(size, face))
+        draw.rectangle((x + 10, 80, x + 120, 260), fill=(90, 90, 90))
+        if letter in read:
+            box = tuple(float(v) for v in draw.textbbox((x, 20), letter, font=font(size, face)))
+            detections.append(LabelDetection(text=letter, box=box, confidence=0.9, raw=letter))  # type: ignore[arg-type]
+    return np.asarray(picture), detections
+
+
+def test_a_lone_bar_is_the_series_missing_i() -> None:
+    # a bold sans-serif I reads at about 0.2, under the bar any reading must clear
+    image, read = _letters_over_pictures("GHIJ", "GHJ", face="DejaVuSans-Bold.ttf", size=36)
+    ink, factor = working_ink(image)
+    found = unread_labels(image, ink, factor, read, [])
+    assert [d.text for d in found] == ["I"] and found[0].box[0] >= 300
+    # where the series does not lack an I, a bar is nothing
+    assert unread_labels(image, ink, factor, read[:2], []) == []
+
+
+def test_the_letter_after_the_last_read_is_looked_for() -> None:
+    image, read = _letters_over_pictures("ABCD", "ABC")
+    ink, factor = working_ink(image)
+    series = series_labels(read, [])
+    assert _next_letter(series) == "D"
+    assert unread_labels(image, ink, factor, series, []) == []
+    assert [d.text for d in unread_labels(image, ink, factor, series, [], _next_letter(series))] == ["D"]
+
+
+def test_a_gutter_a_label_stands_after_is_cut_before_a_wider_blank() -> None:
+    ink = np.zeros((200, 600), dtype=bool)
+    ink[25:190, 20:200] = True  # A's rendering
+    for y in range(40, 180, 20):  # A's key: thin strokes, past a blank wider than the gutter
+        ink[y, 260:330] = True
+    ink[25:190, 360:590] = True  # B's picture, its label just after a narrow gutter
+    anchors = [Anchor("A", (5, 5, 15, 20)), Anchor("B", (346, 5, 356, 20))]
+    parts = sorted(label_parts(ink, anchors), key=lambda p: p[0][0])
+    assert [[a.text for a in owners] for _, owners in parts] == [["A"], ["B"]]
+    assert 330 <= parts[0][0][2] <= 346

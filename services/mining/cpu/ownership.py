@@ -58,6 +58,8 @@ WORK_SIDE = 1200  # gutters are looked for at most this large (longest side)
 MIN_LABEL_CONFIDENCE = 0.3  # reads below this own nothing unless the caption names them
 MAX_SERIES_GAP = 2  # letters missing in a row before the series is taken to have ended
 MIN_CONTENT_SHARE = 0.002  # of a part's area: the ink beside its labels that makes it content
+BAR_READINGS = frozenset({"I", "i", "l", "1", "|"})
+BAR_WIDTH = 0.3  # of its height: a bar glyph no wider than this is a sans-serif I
 MAX_GLYPH_READS = 48  # lone glyphs read in search of unread labels, likeliest sizes first
 OWNED_CONFIDENCE = 0.8  # a panel assembled from pieces under its label
 SHARED_JOIN = 0.2  # label heights: ink this close is one piece of a part labels share
@@ -168,6 +170,15 @@ def unread_labels(
     found = _lone_glyphs(ink, factor, heights[len(heights) // 2] / factor, [d.box for d in series])
     best: dict[str, LabelDetection] = {}
     for det in _read_glyphs(image, found, factor):
+        if "i" in missing and _bar(det):
+            # a lone upright bar is an I, l, 1 or |: the recogniser cannot tell which and is
+            # unsure of any; where the series lacks an I, the bar is it
+            det = LabelDetection(
+                text=missing["i"],
+                box=det.box,
+                confidence=max(det.confidence, MIN_LABEL_CONFIDENCE),
+                raw=det.raw,
+            )
         key = det.text.lower()
         if (
             det.confidence < MIN_LABEL_CONFIDENCE
@@ -178,6 +189,21 @@ def unread_labels(
         if key not in best or det.confidence > best[key].confidence:
             best[key] = LabelDetection(text=missing[key], box=det.box, confidence=det.confidence, raw=det.raw)
     return list(best.values())
+
+
+def _next_letter(series: list[LabelDetection]) -> str | None:
+    """The letter after the series' last: the last panel's label is often the one unread."""
+    letters = [d.text for d in series if len(d.text) == 1 and d.text.isalpha()]
+    if not letters:
+        return None
+    last = max(letters, key=str.lower)
+    return chr(ord(last) + 1) if last.lower() < "z" else None
+
+
+def _bar(det: LabelDetection) -> bool:
+    """A glyph read as a letter shaped like an upright bar, and that thin."""
+    x1, y1, x2, y2 = det.box
+    return det.text in BAR_READINGS and x2 - x1 <= BAR_WIDTH * (y2 - y1)
 
 
 def past_gap(detections: list[LabelDetection], series: list[LabelDetection]) -> str | None:
@@ -347,7 +373,7 @@ def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> tuple[IntBo
         crop[max(0, a.box[1] - y1) : max(0, a.box[3] - y1), max(0, a.box[0] - x1) : max(0, a.box[2] - x1)] = (
             False
         )
-    options: list[tuple[int, tuple[IntBox, IntBox]]] = []
+    options: list[tuple[bool, int, tuple[IntBox, IntBox]]] = []
     for axis in (0, 1):  # 0: a horizontal gutter (rows), 1: a vertical one (columns)
         profile = crop.any(axis=1 - axis)
         origin = y1 if axis == 0 else x1
@@ -364,10 +390,22 @@ def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> tuple[IntBo
             else:
                 parts = ((x1, y1, x1 + cut, y2), (x1 + cut, y1, x2, y2))
             if all(_owns(ink, part, [a for a in inside if _inside(a, part)]) for part in parts):
-                options.append((end - start, parts))
+                headed = _heads_gutter(inside, axis, origin + start, origin + end)
+                options.append((headed, end - start, parts))
     if not options:
         return None
-    return max(options, key=lambda o: o[0])[1]
+    return max(options, key=lambda o: o[:2])[2]
+
+
+def _heads_gutter(anchors: list[Anchor], axis: int, start: int, end: int) -> bool:
+    """Whether a label stands in the gutter or just after it (within its own size): a panel's
+    boundary. A wider blank inside a panel (between a rendering and its key) has none."""
+    for a in anchors:
+        lead = a.box[1] if axis == 0 else a.box[0]
+        size = a.box[3] - a.box[1]
+        if start <= lead <= end + size:
+            return True
+    return False
 
 
 def _owns(ink: np.ndarray, part: IntBox, anchors: list[Anchor]) -> bool:
@@ -680,7 +718,7 @@ def own_panels(
     if len(series) < 2:
         return candidates, labels, []
     ink, factor = working_ink(image)
-    upto = None if named else past_gap(detections, series)
+    upto = None if named else past_gap(detections, series) or _next_letter(series)
     found = unread_labels(image, ink, factor, series, named, upto)
     # with the letters between found, a letter read past the gap joins the series
     series = series_labels(detections + found, named) if upto else series + found
