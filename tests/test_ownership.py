@@ -352,3 +352,31 @@ def test_a_gutter_a_label_stands_after_is_cut_before_a_wider_blank() -> None:
     parts = sorted(label_parts(ink, anchors), key=lambda p: p[0][0])
     assert [[a.text for a in owners] for _, owners in parts] == [["A"], ["B"]]
     assert 330 <= parts[0][0][2] <= 346
+
+
+def test_a_label_hanging_before_a_gutter_goes_with_the_content_after_it() -> None:
+    ink = np.zeros((300, 600), dtype=bool)
+    ink[30:280, 20:200] = True  # E's blot
+    ink[100:110, 200:222] = True  # its size marks, further down, in the columns of F's label
+    ink[150:160, 200:222] = True
+    ink[30:280, 240:590] = True  # F's picture, past a gutter that starts where F's label ends
+    anchors = [Anchor("E", (5, 5, 15, 20)), Anchor("F", (208, 5, 222, 20))]
+    parts = sorted(label_parts(ink, anchors), key=lambda p: p[0][0])
+    assert [[a.text for a in owners] for _, owners in parts] == [["E"], ["F"]]
+    assert 222 <= parts[0][0][2] <= 240
+
+
+def test_a_hanging_label_is_no_part_of_its_neighbours_panel() -> None:
+    image = _canvas(600, 300)
+    labels = [_label(image, "A", 4, 4), _label(image, "B", 206, 4)]
+    _plot(image, (30, 40, 200, 280))
+    for y in (120, 180):  # tick marks beside A's chart, in the columns of B's label
+        _text(image, "-55", 200, y, 0.4)
+    gutter_start = int(np.flatnonzero((image[40:280, 200:] < 128).any(axis=(0, 2)))[-1]) + 200 + 1
+    _picture(image, (gutter_start + 20, 40, 590, 280), 2)
+    candidates = [PanelCandidate(box=(30.0, 40.0, 590.0, 280.0), confidence=0.9)]
+    panels, owned, _ = own_panels(image, candidates, ["A"], labels, named=[])
+    by_label = dict(zip(owned, panels, strict=True))
+    assert sorted(by_label) == ["A", "B"]
+    assert by_label["A"].box[1] >= 38  # B's glyph, in A's part, is not A's content
+    assert by_label["B"].box[0] >= gutter_start + 18

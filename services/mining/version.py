@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 5  # 5: a lone bar is a missing I, the letter after the last read, gutters labels head
+MINER_REVISION = 6  # 6: labels hanging before a gutter go past it; label glyphs are no content
 
 
 @cache

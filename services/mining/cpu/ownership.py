@@ -52,6 +52,7 @@ MIN_SIDE_INK = 0.03  # of the content's ink: less is a note or a scale bar, not 
 REPEAT_AREA_RATIO = 2.5  # largest / smallest piece of a row or grid of panels
 UNLABELLED_CONFIDENCE = 0.7
 AMBIGUOUS_FACTOR = 0.6  # share of the confidence kept when the layout is ambiguous
+HANG_SLACK = 0.5  # label heights: a label ending this near a gutter's start hangs before it
 HEAD_TOLERANCE = 1.5  # label heights a panel's content may start left of or above its label
 MAX_BEFORE_SHARE = 0.1  # of a part's content: more left of or above its labels is a neighbour's
 WORK_SIDE = 1200  # gutters are looked for at most this large (longest side)
@@ -343,6 +344,9 @@ def _inside(anchor: Anchor, box: IntBox) -> bool:
     return box[0] <= cx < box[2] and box[1] <= cy < box[3]
 
 
+Sides = tuple[tuple[IntBox, list["Anchor"]], tuple[IntBox, list["Anchor"]]]
+
+
 def label_parts(ink: np.ndarray, anchors: list[Anchor]) -> list[tuple[IntBox, list[Anchor]]]:
     """The figure cut along gutters into parts, each with the labels inside it; a cut is made
     only where both sides keep a label and content besides their labels."""
@@ -358,12 +362,21 @@ def label_parts(ink: np.ndarray, anchors: list[Anchor]) -> list[tuple[IntBox, li
         if cut is None:
             done.append((box, inside))
             continue
-        for part in cut:
-            todo.append((part, [a for a in inside if _inside(a, part)]))
+        for part, owners in cut:
+            todo.append((part, owners))
     return done
 
 
-def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> tuple[IntBox, IntBox] | None:
+def _sides(parts: tuple[IntBox, IntBox], inside: list[Anchor], hanging: list[Anchor]) -> Sides:
+    """Each side of a cut with its labels; labels hanging before the gutter go after it."""
+    first, second = parts
+    return (
+        (first, [a for a in inside if _inside(a, first) and a not in hanging]),
+        (second, [a for a in inside if _inside(a, second) or a in hanging]),
+    )
+
+
+def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> Sides | None:
     """The widest gutter across ``box`` that leaves each side a label heading its content.
     Label glyphs do not block a gutter (a label often stands in the gutter above its panel);
     a label standing in the gutter goes with the content after it (below, or to the right)."""
@@ -373,7 +386,7 @@ def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> tuple[IntBo
         crop[max(0, a.box[1] - y1) : max(0, a.box[3] - y1), max(0, a.box[0] - x1) : max(0, a.box[2] - x1)] = (
             False
         )
-    options: list[tuple[bool, int, tuple[IntBox, IntBox]]] = []
+    options: list[tuple[bool, int, Sides]] = []
     for axis in (0, 1):  # 0: a horizontal gutter (rows), 1: a vertical one (columns)
         profile = crop.any(axis=1 - axis)
         origin = y1 if axis == 0 else x1
@@ -385,16 +398,30 @@ def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> tuple[IntBo
             ]
             cut = min(within) - origin if within else (start + end) // 2
             cut = max(start, min(cut, end))
+            hanging = [] if within else _hanging(inside, axis, origin + start)
             if axis == 0:
                 parts = ((x1, y1, x2, y1 + cut), (x1, y1 + cut, x2, y2))
             else:
                 parts = ((x1, y1, x1 + cut, y2), (x1 + cut, y1, x2, y2))
-            if all(_owns(ink, part, [a for a in inside if _inside(a, part)]) for part in parts):
+            sides = _sides(parts, inside, hanging)
+            if all(_owns(ink, part, owners) for part, owners in sides):
                 headed = _heads_gutter(inside, axis, origin + start, origin + end)
-                options.append((headed, end - start, parts))
+                options.append((headed, end - start, sides))
     if not options:
         return None
     return max(options, key=lambda o: o[:2])[2]
+
+
+def _hanging(anchors: list[Anchor], axis: int, start: int) -> list[Anchor]:
+    """Labels that end where a gutter starts: their panel's content lies past the gutter (the
+    neighbour's tick labels, further down, fill the label's columns, so the gutter starts after
+    the label)."""
+    hanging = []
+    for a in anchors:
+        lead, trail = (a.box[1], a.box[3]) if axis == 0 else (a.box[0], a.box[2])
+        if lead < start and abs(trail - start) <= HANG_SLACK * (a.box[3] - a.box[1]):
+            hanging.append(a)
+    return hanging
 
 
 def _heads_gutter(anchors: list[Anchor], axis: int, start: int, end: int) -> bool:
@@ -403,7 +430,7 @@ def _heads_gutter(anchors: list[Anchor], axis: int, start: int, end: int) -> boo
     for a in anchors:
         lead = a.box[1] if axis == 0 else a.box[0]
         size = a.box[3] - a.box[1]
-        if start <= lead <= end + size:
+        if start - size <= lead <= end + size:
             return True
     return False
 
@@ -763,6 +790,13 @@ def _panels_of_parts(
     piece by piece (``_shared_part``), or, when that fails, the pieces stay as they are."""
     faint, _ = working_ink(image, FAINT_THRESHOLD)
     full = faint_ink(image, FAINT_THRESHOLD)
+    for a in (a for _, owners in parts for a in owners):
+        # a label glyph is no panel's content, whichever part it stands in (one hanging
+        # before a gutter stands in its neighbour's)
+        pad = max(1, (a.box[3] - a.box[1]) // 4)
+        gx1, gy1, gx2, gy2 = max(0, a.box[0] - pad), max(0, a.box[1] - pad), a.box[2] + pad, a.box[3] + pad
+        faint[gy1:gy2, gx1:gx2] = False
+        full[gy1 * factor : gy2 * factor, gx1 * factor : gx2 * factor] = False
     text_height = float(np.median([a.box[3] - a.box[1] for _, owners in parts for a in owners]))
     out: list[PanelCandidate] = []
     out_labels: list[str | None] = []
