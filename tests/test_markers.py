@@ -13,6 +13,7 @@ import pytest
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter
 
+from p2p.mining.cpu.markers import rules as markers_rules
 from p2p.mining.cpu.markers.rules import detect_markers
 from p2p.mining.params import load_params
 from p2p.mining.types import Marker
@@ -546,3 +547,29 @@ def test_a_letter_of_a_rotated_label_is_in_a_word():
     assert in_word((x1, y1 + 8, x2, y1 + 25))  # a letter in the middle of it
     assert in_word((c_only[2], ca[1], ca[2], ca[3]))  # the "A" of "CA"
     assert not in_word((220, 200, 240, 220))
+
+
+def test_a_panel_longer_than_the_working_side_is_examined_shrunk_in_figure_pixels(monkeypatch):
+    # a 1400 x 1000 panel (over the 1000 px working side) with an arrow drawn at its scale
+    seen: list[tuple[int, ...]] = []
+    find = markers_rules._find
+    monkeypatch.setattr(
+        markers_rules, "_find", lambda native, *a, **k: seen.append(native.shape) or find(native, *a, **k)
+    )
+    tip, angle = (900.0, 600.0), 45
+    panel = panel_image(
+        lambda d: draw_arrow(d, tip, angle, 60, COLOURS["yellow"], shaft=3, head=13.0), seed=3, h=1000, w=1400
+    )
+    fig, box = embed(panel, pad=30)
+    p = load_params().markers
+    assert max(panel.shape[:2]) > p.max_side
+    markers = detect_markers(fig, box, params=p)
+    tip_fig = (tip[0] + box[0], tip[1] + box[1])
+    found = near(markers, tip_fig, 8.0, "arrow")
+    assert found, f"no arrow at {tip_fig}: {markers}"
+    assert angle_diff(found[0].direction_deg or 0.0, angle) <= 12
+    gx1, gy1, gx2, gy2 = found[0].glyph_box
+    # the glyph box is in figure pixels: about the arrow's 60 px run (42 px a side), not shrunk
+    assert 36 <= max(gx2 - gx1, gy2 - gy1) <= 56
+    assert contains_point(found[0].target_box, *found[0].target_point)
+    assert seen == [(714, 1000, 3)]  # examined at the working side, found in figure pixels

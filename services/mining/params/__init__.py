@@ -151,6 +151,9 @@ class MarkerParams:
     # panels shorter than upscale_below px are also examined enlarged, by at most upscale_max
     upscale_below: float
     upscale_max: float
+    # panels longer than max_side px are examined shrunk to it (markers are drawn at a size and
+    # scaled with the figure; a 3,000 px panel's arrow is tens of pixels)
+    max_side: int
 
 
 @dataclass(frozen=True)

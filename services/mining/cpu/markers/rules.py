@@ -2552,15 +2552,34 @@ def detect_markers(
         return []
     native, x0, y0 = crop
     p = params or load_params().markers
+    shrink = min(1.0, p.max_side / max(native.shape[:2]))
+    if shrink < 1.0:
+        size = (max(16, round(native.shape[1] * shrink)), max(16, round(native.shape[0] * shrink)))
+        native = cv2.resize(native, size, interpolation=cv2.INTER_AREA)
     found = _find(native, p, use_net=use_net)
     cands = found.rules
     if use_net:
         cands, rows = fusion_features(found)
         cands = _choose(found, cands, marker_net.shipped_fusion().probability(rows), p)
     cands = [c for c in cands if not _in_word(found, c)]
-    markers = [m for c in cands if (m := _as_marker(c, found, x0, y0)) is not None]
+    markers = [m for c in cands if (m := _as_marker(c, found, 0, 0)) is not None]
+    sx = (crop[0].shape[1] / native.shape[1]) if shrink < 1.0 else 1.0
+    sy = (crop[0].shape[0] / native.shape[0]) if shrink < 1.0 else 1.0
+    markers = [_in_figure(m, sx, sy, x0, y0) for m in markers]
     markers.sort(key=lambda m: -m.confidence)
     return markers
+
+
+def _in_figure(marker: Marker, sx: float, sy: float, x0: int, y0: int) -> Marker:
+    """A marker found on a (shrunk) crop, in figure pixels."""
+
+    def box(b: Box) -> Box:
+        return (b[0] * sx + x0, b[1] * sy + y0, b[2] * sx + x0, b[3] * sy + y0)
+
+    point = (marker.target_point[0] * sx + x0, marker.target_point[1] * sy + y0)
+    return replace(
+        marker, glyph_box=box(marker.glyph_box), target_box=box(marker.target_box), target_point=point
+    )
 
 
 # Printed words on a picture (a channel name, a heading, a label) hold letters that pass for
