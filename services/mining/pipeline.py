@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from p2p.mining.captions import find_marker_mentions, split_caption
 from p2p.mining.cpu.context import Stage, StageContext, check_order
+from p2p.mining.cpu.headings import without_top_heading
 from p2p.mining.cpu.labels.read import assign_labels, find_labels, reading_order, warm_up
 from p2p.mining.cpu.labels.split import split_at_labels
 from p2p.mining.cpu.labels.sub import gray_and_text_unit, split_sub_labelled
@@ -300,6 +301,23 @@ def _ownership(ctx: StageContext) -> None:
     ctx.notes.extend(notes)
 
 
+def _headings(ctx: StageContext) -> None:
+    """A heading printed flush over a picture or blot panel goes to its outer box."""
+    heights = [d.box[3] - d.box[1] for d in ctx.detections]
+    if not heights:
+        return
+    text_height = float(np.median(heights))
+    out = []
+    for cand, (kind, _) in zip(ctx.candidates, ctx.panel_types, strict=True):
+        trimmed = (
+            None
+            if cand.outer_box is not None or kind == "plot"
+            else without_top_heading(ctx.image, cand.box, text_height)
+        )
+        out.append(cand if trimmed is None else replace(cand, box=trimmed, outer_box=cand.box))
+    ctx.candidates = out
+
+
 def _reading_order(ctx: StageContext) -> None:
     ctx.candidates, ctx.labels = in_reading_order(ctx.candidates, ctx.labels)
 
@@ -508,6 +526,12 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
             ("image", "candidates"),
             ("panel_types",),
             _PanelTypeStage(miner.panel_types.classify),
+        ),
+        Stage(
+            "panels_headings",
+            ("image", "candidates", "detections", "panel_types"),
+            ("candidates",),
+            _headings,
         ),
         Stage(
             "subcaptions",
