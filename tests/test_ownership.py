@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import cv2
 import numpy as np
 
@@ -380,3 +382,47 @@ def test_a_hanging_label_is_no_part_of_its_neighbours_panel() -> None:
     assert sorted(by_label) == ["A", "B"]
     assert by_label["A"].box[1] >= 38  # B's glyph, in A's part, is not A's content
     assert by_label["B"].box[0] >= gutter_start + 18
+
+
+def test_without_labels_steps_joined_by_arrows_are_one_drawing() -> None:
+    """A workflow of five alike boxes joined by arrows: the segmenter cut it at the arrows into
+    pieces alike in size, which would stand as a row of panels; the arrows make it one."""
+    image = _canvas(900, 200)
+    steps = [(20 + 180 * k, 50, 140 + 180 * k, 150) for k in range(5)]
+    for x1, y1, x2, y2 in steps:
+        cv2.rectangle(image, (x1, y1), (x2, y2), (40, 40, 90), 2)
+        _text(image, "step", x1 + 35, y1 + 55)
+    for (_, _, x2, _), (nx1, _, _, _) in itertools.pairwise(steps):
+        cv2.arrowedLine(image, (x2 + 2, 100), (nx1 - 2, 100), (40, 40, 90), 2, tipLength=0.3)
+    # the cuts fall mid-arrow: every piece holds a box and half of the arrows beside it
+    cuts = [0, 160, 340, 520, 700, 900]
+    pieces = [
+        PanelCandidate(box=(float(a) + 20, 48.0, float(b) - 2, 152.0)) for a, b in itertools.pairwise(cuts)
+    ]
+    panels, owned, notes = own_panels(image, pieces, [None] * 5, [], named=[])
+    assert len(panels) == 1 and owned == [None]
+    assert _near(panels[0].box, (19, 49, 862, 152), tol=6)
+    assert "strokes join 5 pieces into 1" in notes[0]
+
+
+def test_without_labels_an_arrow_across_a_gap_joins_two_pictures_not_a_third() -> None:
+    image = _canvas(900, 300)
+    _picture(image, (20, 20, 220, 220), 1)
+    _picture(image, (460, 20, 660, 220), 2)
+    _picture(image, (700, 40, 880, 280), 3)  # no stroke reaches it
+    cv2.arrowedLine(image, (250, 120), (430, 120), (0, 0, 0), 3, tipLength=0.1)
+    pieces = [
+        PanelCandidate(box=(20.0, 20.0, 220.0, 220.0)),
+        PanelCandidate(box=(460.0, 20.0, 660.0, 220.0)),
+        PanelCandidate(box=(700.0, 40.0, 880.0, 280.0)),
+    ]
+    panels, _, notes = own_panels(image, pieces, [None] * 3, [], named=[])
+    assert sorted(p.box for p in panels) == [(20.0, 20.0, 660.0, 220.0), (700.0, 40.0, 880.0, 280.0)]
+    assert notes == ["no panel labels: strokes join 3 pieces into 2"]
+    # pictures that touch are one dense block across their seam, not a stroke: they stay apart
+    touching = _canvas(420, 220)
+    _picture(touching, (10, 10, 210, 210), 4)
+    _picture(touching, (210, 10, 410, 210), 5)
+    halves = [PanelCandidate(box=(10.0, 10.0, 210.0, 210.0)), PanelCandidate(box=(210.0, 10.0, 410.0, 210.0))]
+    kept, _, _ = own_panels(touching, halves, [None, None], [], named=[])
+    assert kept == halves

@@ -95,3 +95,10 @@ def test_triplets():
         [_region((0, 0, 50, 50), "dilated vessels")], image_width=80, image_height=80, encoder=_NoEncoder()
     )
     assert to_triplets(regions, "fig1.jpg") == [("fig1.jpg", (0.0, 0.0, 50.0, 50.0), "dilated vessels")]
+
+
+def test_connected_groups_follow_chains_and_order_by_first_index() -> None:
+    from p2p.mining.grouping import connected_groups
+
+    assert connected_groups(6, [(4, 1), (1, 3), (5, 2)]) == [[0], [1, 3, 4], [2, 5]]
+    assert connected_groups(3, []) == [[0], [1], [2]]

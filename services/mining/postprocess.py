@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from p2p.mining.grouping import connected_groups
 from p2p.mining.types import Region
 from p2p.shared.geometry import Box, area, clip, intersection, nms, union_box
 
@@ -191,25 +192,11 @@ def _merge_same_text(
     row = {t: k for k, t in enumerate(unique)}
     vec = {i: vectors[row[t]] for i, t in zip(involved, texts, strict=True)}
 
-    parent = list(range(len(regions)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for a, b in pairs:
-        if float(np.dot(vec[a], vec[b])) > threshold:
-            ra, rb = find(a), find(b)
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)  # the better-ranked region leads the group
-
-    groups: dict[int, list[int]] = {}
-    for i in range(len(regions)):
-        groups.setdefault(find(i), []).append(i)
+    similar = [(a, b) for a, b in pairs if float(np.dot(vec[a], vec[b])) > threshold]
     merged: list[Region] = []
-    for lead, members in sorted(groups.items()):
+    # the better-ranked region (the lower index) leads its group
+    for members in connected_groups(len(regions), similar):
+        lead = members[0]
         head = regions[lead]
         box = head.box
         for m in members[1:]:

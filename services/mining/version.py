@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 7  # 7: flush headings over pictures and blots go to the outer box
+MINER_REVISION = 8  # 8: unlabelled pieces joined by strokes are one drawing
 
 
 @cache

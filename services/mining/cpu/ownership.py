@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from p2p.mining.cpu.connectors import stroke_groups
 from p2p.mining.cpu.imaging import INK_THRESHOLD, CornerGlyph, ink_mask, tight_box
 from p2p.mining.cpu.labels.read import read_glyphs
 from p2p.mining.cpu.panel_type import default_classifier
@@ -685,24 +686,32 @@ def whole_unlabelled(
     """Panels of a figure that prints no labels: the visually separate parts
     (``separate_parts``), so a single diagram stays whole. Pieces alike in size (``repeated``)
     are a row or grid of panels, and a picture among them stands apart from whatever is beside
-    it: then the pieces stay as the segmenter found them."""
-    if repeated(candidates):
-        return candidates, []
+    it: then the pieces stay as the segmenter found them. Pieces that strokes join (one
+    drawing's steps and its arrows, ``stroke_groups``) are one piece first."""
     ink, factor = working_ink(image)
+    # steps of one drawing joined by arrows are one panel, however alike or pictorial they are
+    pieces = len(candidates)
+    candidates = _joined(ink, factor, candidates)
+    notes = (
+        []
+        if len(candidates) == pieces
+        else [f"no panel labels: strokes join {pieces} pieces into {len(candidates)}"]
+    )
+    if repeated(candidates):
+        return candidates, notes
     if len(candidates) > 1 and any(_picture(ink, factor, c.box) for c in candidates):
-        return candidates, []
+        return candidates, notes
     faint, _ = working_ink(image, FAINT_THRESHOLD)
     full = faint_ink(image, FAINT_THRESHOLD)
     parts, close = separate_parts(ink, (0, 0, ink.shape[1], ink.shape[0]))
     if not parts:
-        return candidates, []
+        return candidates, notes
     confidence = UNLABELLED_CONFIDENCE * (AMBIGUOUS_FACTOR if close else 1.0)
     out = []
     for part in parts:
         box = _refine(faint, full, factor, part)
         if box is not None:
             out.append(PanelCandidate(box=box, confidence=confidence))
-    notes = []
     if len(out) != len(candidates):
         notes.append(
             f"no panel labels: {len(out)} visually separate part(s) kept, not {len(candidates)} pieces"
@@ -710,6 +719,24 @@ def whole_unlabelled(
     if close:
         notes.append("ambiguous layout: a gutter nearly as wide as the gaps inside the panels")
     return out or candidates, notes
+
+
+def _joined(ink: np.ndarray, factor: int, candidates: list[PanelCandidate]) -> list[PanelCandidate]:
+    """The pieces with those strokes join merged (``stroke_groups``)."""
+    groups = stroke_groups(ink, factor, [c.box for c in candidates])
+    if len(groups) == len(candidates):
+        return candidates
+    merged = []
+    for group in groups:
+        boxes = [candidates[k].box for k in group]
+        box = (
+            min(b[0] for b in boxes),
+            min(b[1] for b in boxes),
+            max(b[2] for b in boxes),
+            max(b[3] for b in boxes),
+        )
+        merged.append(PanelCandidate(box=box, confidence=min(candidates[k].confidence for k in group)))
+    return merged
 
 
 def _refine(
