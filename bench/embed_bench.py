@@ -60,13 +60,14 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -602,14 +603,28 @@ def load_scale(runtime: Any, model: Any, version_id: uuid.UUID, n_panels: int, c
 # --- embedding load ---------------------------------------------------------------------------
 
 
-def raw_throughput(model: Any, images: list[Image.Image], batch_size: int, duration: float) -> dict[str, Any]:
+def decode_png(data: bytes) -> Image.Image:
+    """What a raw loop that starts from the uploaded bytes must do before the model: decode to RGB."""
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")
+
+
+def raw_throughput(
+    model: Any, images: Sequence[Any], batch_size: int, duration: float, *, from_bytes: bool = False
+) -> dict[str, Any]:
+    """``encode_images`` on batches of ``images`` in a loop for ``duration`` seconds; with
+    ``from_bytes`` the images are encoded files (PNG), decoded in the loop before each batch."""
+
+    def encode(batch: Sequence[Any]) -> None:
+        model.encode_images([decode_png(b) for b in batch] if from_bytes else list(batch))
+
     batches = [images[i : i + batch_size] for i in range(0, len(images), batch_size)]
     batches = [b for b in batches if len(b) == batch_size] or [images[:batch_size]]
-    model.encode_images(batches[0])  # warm-up
+    encode(batches[0])  # warm-up
     n, i = 0, 0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < duration or n == 0:
-        model.encode_images(batches[i % len(batches)])
+        encode(batches[i % len(batches)])
         n += len(batches[i % len(batches)])
         i += 1
     wall = time.perf_counter() - t0
@@ -680,24 +695,35 @@ def service_throughput(
 
 
 def raw_side_by_side(
-    model: Any, images: list[Image.Image], batch_size: int, duration: float, workers: int, threads: int
+    model: Any,
+    images: Sequence[Any],
+    batch_size: int,
+    duration: float,
+    workers: int,
+    threads: int,
+    *,
+    from_bytes: bool = False,
 ) -> dict[str, Any]:
     """``workers`` threads each running ``encode_images`` in a loop, torch at ``threads`` intra-op
-    threads (restored after): the raw model run the way ``image_workers`` runs it in the service."""
+    threads (restored after): the raw model run the way ``image_workers`` runs it in the service.
+    ``from_bytes``: ``images`` are PNG files, decoded in the loop (see :func:`raw_throughput`)."""
     import torch
+
+    def run(_: int) -> dict[str, Any]:
+        return raw_throughput(model, images, batch_size, duration, from_bytes=from_bytes)
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
+    cpu0 = time.process_time()
     try:
         if workers == 1:
-            runs = [in_thread(raw_throughput, model, images, batch_size, duration)]
+            runs = [in_thread(run, 0)]
         else:
             with ThreadPoolExecutor(workers, thread_name_prefix="bench-raw") as pool:
-                runs = list(
-                    pool.map(lambda _: raw_throughput(model, images, batch_size, duration), range(workers))
-                )
+                runs = list(pool.map(run, range(workers)))
     finally:
         torch.set_num_threads(before)
+    cpu_s = time.process_time() - cpu0
     seconds = max(r["seconds"] for r in runs)
     n = sum(r["images"] for r in runs)
     return {
@@ -706,6 +732,7 @@ def raw_side_by_side(
         "images": n,
         "seconds": seconds,
         "images_per_s": round(n / seconds, 2),
+        "cpu_s": round(cpu_s, 3),
         "batch_size": batch_size,
     }
 
@@ -732,6 +759,27 @@ class EmbedRig:
     meter: CpuMeter
 
 
+def from_bytes_ratios(result: Any) -> dict[str, Any]:
+    """Service ÷ the raw loop that starts from the PNG bytes (decode included), per round (each
+    service slice against the from-bytes slice of the same round), median and spread; {} when that
+    reference was not run."""
+    pairs = [
+        (p, r.extra["from_bytes"])
+        for p, r in zip(result.product, result.reference, strict=True)
+        if "from_bytes" in r.extra
+    ]
+    if not pairs:
+        return {}
+    ratios = sorted((p.items / p.wall_s) / (fb["images"] / fb["wall_s"]) for p, fb in pairs)
+    images = sum(fb["images"] for _, fb in pairs)
+    return {
+        "raw_from_bytes_images_per_s": round(images / sum(fb["wall_s"] for _, fb in pairs), 2),
+        "ratio_over_raw_from_bytes": round(statistics.median(ratios), 3),
+        "ratio_over_raw_from_bytes_min_max": [round(ratios[0], 3), round(ratios[-1], 3)],
+        "raw_from_bytes_cpu_ms_per_image": round(1000 * sum(fb["cpu_s"] for _, fb in pairs) / images, 3),
+    }
+
+
 def paired_rounds(
     model: Any, pil: list[Image.Image], rig: EmbedRig, per_request: int, binary: bool
 ) -> dict[str, Any]:
@@ -753,7 +801,13 @@ def paired_rounds(
 
     def reference() -> tuple[int, dict[str, Any]]:
         raw = raw_side_by_side(model, pil, rig.batch_size, slice_s, *best)
-        return raw["images"], {"wall_s": raw["seconds"]}
+        extra: dict[str, Any] = {"wall_s": raw["seconds"], "cpu_s": raw["cpu_s"]}
+        if args.from_bytes:
+            # The same loop from the PNG bytes the service receives, right after (inside the
+            # reference's turn, so it alternates with the service like the headline reference).
+            png = raw_side_by_side(model, rig.blobs, rig.batch_size, slice_s, *best, from_bytes=True)
+            extra["from_bytes"] = {"images": png["images"], "wall_s": png["seconds"], "cpu_s": png["cpu_s"]}
+        return raw["images"], extra
 
     def product() -> tuple[int, dict[str, Any]]:
         svc = service_throughput(
@@ -787,6 +841,7 @@ def paired_rounds(
     record = result.as_dict()
     rounds = record["product"]["rounds"]
     return {
+        **from_bytes_ratios(result),
         "clients": args.clients,
         "images_per_request": per_request,
         "answer": "application/octet-stream" if binary else "application/json",
@@ -847,6 +902,12 @@ def embed_scenario(name: str, model: Any, rig: EmbedRig) -> dict[str, Any]:
             f"({pair['raw_reference']}), median ratio {pair['ratio_over_raw']}, rounds "
             f"{pair['round_ratios']}, CPU ms/image {pair['cpu_ms_per_image']}, errors {pair['errors']}"
         )
+        if "ratio_over_raw_from_bytes" in pair:
+            log(
+                f"{name}: raw from PNG bytes {pair['raw_from_bytes_images_per_s']} images/s "
+                f"({pair['raw_from_bytes_cpu_ms_per_image']} CPU ms/image), service ÷ it: median "
+                f"{pair['ratio_over_raw_from_bytes']} {pair['ratio_over_raw_from_bytes_min_max']}"
+            )
         services.append(pair)
     svc = services[0]  # one image per request, JSON: the headline number
     return {
@@ -1036,6 +1097,12 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also run 1 image/request with binary answers",
+    )
+    parser.add_argument(
+        "--from-bytes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="in each reference turn, also run the raw loop from the PNG bytes (decode included)",
     )
     parser.add_argument(
         "--image-workers",

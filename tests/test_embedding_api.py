@@ -163,6 +163,37 @@ def test_without_an_active_version_embeds_work_and_search_says_no_space_is_ready
 
 
 @pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_image_embeds_read_the_form_themselves_and_document_it(make_runtime: RuntimeFactory) -> None:
+    """The uploads and ids are read from the form by the route (not FastAPI parameters): parts of
+    the wrong kind are refused with a reason, the body is still described in the OpenAPI document,
+    and the vectors are those of the same images embedded alone."""
+    runtime = make_runtime()
+    with TestClient(create_app(runtime=runtime)) as client:
+        body = client.get("/openapi.json").json()["paths"]["/v1/embed/images"]["post"]["requestBody"]
+        schema = body["content"]["multipart/form-data"]["schema"]
+        assert schema["properties"]["files"]["items"]["format"] == "binary"
+        assert schema["properties"]["object_ids"]["type"] == "array"
+
+        text_as_file = client.post("/v1/embed/images", data={"files": "not a file"})
+        assert_error(text_as_file, 422, "invalid_request")
+        file_as_id = client.post(
+            "/v1/embed/images",
+            files=[("files", ("a.png", png())), ("object_ids", ("ids.txt", b"x"))],
+        )
+        assert_error(file_as_id, 422, "invalid_id")
+        assert_error(client.post("/v1/embed/images", json={"files": []}), 422, "empty_input")
+
+        both = client.post(
+            "/v1/embed/images", files=[("files", ("a.png", png())), ("files", ("b", png(seed=2)))]
+        )
+        assert both.status_code == 200, both.text
+        assert [i["source"] for i in both.json()["items"]] == ["file:a.png", "file:b"]
+        alone = client.post("/v1/embed/images", files=[("files", ("b", png(seed=2)))]).json()
+        together, single = both.json()["items"][1]["embedding"], alone["items"][0]["embedding"]
+        assert np.allclose(together, single, atol=1e-5)  # batch composition may move the last bits
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
 def test_binary_answers_carry_the_json_vectors_and_open_reads_open_no_session(
     make_runtime: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
