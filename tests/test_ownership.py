@@ -7,16 +7,8 @@ import itertools
 import cv2
 import numpy as np
 
-from p2p.mining.cpu.ownership import (
-    Anchor,
-    _next_letter,
-    label_parts,
-    own_panels,
-    separate_parts,
-    series_labels,
-    unread_labels,
-    working_ink,
-)
+from p2p.mining.cpu.labels.series import next_letter, series_labels, unread_labels
+from p2p.mining.cpu.ownership import Anchor, label_parts, own_panels, separate_parts, working_ink
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 Box = tuple[int, int, int, int]
@@ -280,7 +272,7 @@ def test_content_no_label_here_heads_keeps_the_segmenters_pieces() -> None:
 def test_letters_read_past_a_gap_in_the_series_are_looked_for_between() -> None:
     from PIL import Image, ImageDraw
 
-    from p2p.mining.cpu.ownership import past_gap, unread_labels
+    from p2p.mining.cpu.labels.series import past_gap
     from tests.test_labels import font
 
     picture = Image.new("RGB", (900, 300), "white")
@@ -339,9 +331,9 @@ def test_the_letter_after_the_last_read_is_looked_for() -> None:
     image, read = _letters_over_pictures("ABCD", "ABC")
     ink, factor = working_ink(image)
     series = series_labels(read, [])
-    assert _next_letter(series) == "D"
+    assert next_letter(series) == "D"
     assert unread_labels(image, ink, factor, series, []) == []
-    assert [d.text for d in unread_labels(image, ink, factor, series, [], _next_letter(series))] == ["D"]
+    assert [d.text for d in unread_labels(image, ink, factor, series, [], next_letter(series))] == ["D"]
 
 
 def test_a_gutter_a_label_stands_after_is_cut_before_a_wider_blank() -> None:

@@ -9,13 +9,13 @@ import cv2
 import numpy as np
 import pytest
 
+from p2p.mining.cpu.labels.series import series_labels
 from p2p.mining.cpu.labels.sub import (
     as_sub_label,
     gray_and_text_unit,
     picture_tiles,
     split_sub_labelled,
 )
-from p2p.mining.cpu.ownership import series_labels
 from p2p.mining.lab.synth import generate_figure
 from p2p.mining.pipeline import CpuMiner
 from p2p.mining.types import LabelDetection, PanelCandidate

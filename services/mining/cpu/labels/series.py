@@ -1,0 +1,225 @@
+"""The figure's printed label series: which readings are panel labels, which letters it lacks,
+and those looked for again among lone glyphs of the labels' size.
+
+- Labels are the read detections that form one series (one case of letters, or the labels the
+  caption names; sub-panel labels such as "a1" beside "A").
+- Letters the series lacks are looked for among lone glyphs (a blank margin all round) and read
+  again (``unread_labels``): those between the readings, those up to a letter read past a gap in
+  the series (``past_gap``), and the one after the last read (``next_letter``). A lone upright bar
+  is the series' I when it lacks one.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from p2p.mining.cpu.imaging import INK_THRESHOLD, CornerGlyph, IntBox, tight_box
+from p2p.mining.cpu.labels.read import read_glyphs
+from p2p.mining.types import LabelDetection
+from p2p.shared.geometry import Box
+
+# Tuned on real-dev "tune" only (bench/README.md, real figures).
+MIN_LABEL_CONFIDENCE = 0.3  # reads below this own nothing unless the caption names them
+MAX_SERIES_GAP = 2  # letters missing in a row before the series is taken to have ended
+BAR_READINGS = frozenset({"I", "i", "l", "1", "|"})
+BAR_WIDTH = 0.3  # of its height: a bar glyph no wider than this is a sans-serif I
+MAX_GLYPH_READS = 48  # lone glyphs read in search of unread labels, likeliest sizes first
+
+
+def series_labels(detections: list[LabelDetection], named: list[str]) -> list[LabelDetection]:
+    """The detections that are panel labels: one per text, in one series.
+
+    With a caption that names labels, those the caption names (case aside). Without, letters of
+    the case most reads have, from "a" on up to the first run of more than ``MAX_SERIES_GAP``
+    missing letters; digits and words only when the caption names them."""
+    best: dict[str, LabelDetection] = {}
+    if named:
+        wanted = {n.lower(): n for n in named}
+        for det in detections:
+            key = det.text.lower()
+            if key in wanted and (key not in best or det.confidence > best[key].confidence):
+                best[key] = det
+        return list(best.values())
+    letters = [
+        d
+        for d in detections
+        if len(d.text) == 1 and d.text.isalpha() and d.confidence >= MIN_LABEL_CONFIDENCE
+    ]
+    upper = [d for d in letters if d.text.isupper()]
+    lower = [d for d in letters if d.text.islower()]
+    chosen = upper if len(upper) >= len(lower) else lower
+    for det in chosen:
+        if det.text not in best or det.confidence > best[det.text].confidence:
+            best[det.text] = det
+    kept: list[LabelDetection] = []
+    expected = 0
+    for det in sorted(best.values(), key=lambda d: d.text.lower()):
+        index = ord(det.text.lower()) - ord("a")
+        if index - expected > MAX_SERIES_GAP:
+            break
+        kept.append(det)
+        expected = index + 1
+    return kept + _sub_labels(detections, kept)
+
+
+def _sub_labels(detections: list[LabelDetection], kept: list[LabelDetection]) -> list[LabelDetection]:
+    """Sub-panel labels of a kept letter ("a1", "a2" beside "A") are printed labels too, and so
+    are those of a letter the series lacks or would print next ("c1", "c2" between B and D: the
+    group's letter is not printed, its pictures' labels are)."""
+    letters = {d.text.lower() for d in kept}
+    if kept:
+        last = max(ord(d.text.lower()) for d in kept)
+        letters |= {chr(c) for c in range(ord("a"), last + 2)}
+    subs: dict[str, LabelDetection] = {}
+    for det in detections:
+        text = det.text
+        if (
+            len(text) == 2
+            and text[0].lower() in letters
+            and text[1].isdigit()
+            and det.confidence >= MIN_LABEL_CONFIDENCE
+            and (text not in subs or det.confidence > subs[text].confidence)
+        ):
+            subs[text] = det
+    return list(subs.values())
+
+
+def expected_letters(series: list[LabelDetection], named: list[str], upto: str | None = None) -> list[str]:
+    """The single-letter labels the figure should print: the caption's, or a to the last read
+    (or to ``upto``, a letter read past a gap in the series)."""
+    if named:
+        return [n for n in named if len(n) == 1 and n.isalpha()]
+    if not series:
+        return []
+    upper = series[0].text.isupper()
+    last = max(ord(d.text.lower()) for d in series)
+    if upto is not None:
+        last = max(last, ord(upto.lower()))
+    letters = [chr(c) for c in range(ord("a"), last + 1)]
+    return [c.upper() if upper else c for c in letters]
+
+
+def unread_labels(
+    image: np.ndarray,
+    ink: np.ndarray,
+    factor: int,
+    series: list[LabelDetection],
+    named: list[str],
+    upto: str | None = None,
+) -> list[LabelDetection]:
+    """Labels the series lacks, looked for among lone glyphs the size of those read: a letter
+    standing apart (blank margin all round) read by the label recogniser as a missing letter."""
+    have = {d.text.lower() for d in series}
+    missing = {c.lower(): c for c in expected_letters(series, named, upto) if c.lower() not in have}
+    if not missing or not series:
+        return []
+    heights = sorted(d.box[3] - d.box[1] for d in series)
+    found = _lone_glyphs(ink, factor, heights[len(heights) // 2] / factor, [d.box for d in series])
+    best: dict[str, LabelDetection] = {}
+    for det in _read_glyphs(image, found, factor):
+        if "i" in missing and _bar(det):
+            # a lone upright bar is an I, l, 1 or |: the recogniser cannot tell which and is
+            # unsure of any; where the series lacks an I, the bar is it
+            det = LabelDetection(
+                text=missing["i"],
+                box=det.box,
+                confidence=max(det.confidence, MIN_LABEL_CONFIDENCE),
+                raw=det.raw,
+            )
+        key = det.text.lower()
+        if (
+            det.confidence < MIN_LABEL_CONFIDENCE
+            or key not in missing
+            or (det.text != missing[key] and not named)
+        ):
+            continue
+        if key not in best or det.confidence > best[key].confidence:
+            best[key] = LabelDetection(text=missing[key], box=det.box, confidence=det.confidence, raw=det.raw)
+    return list(best.values())
+
+
+def next_letter(series: list[LabelDetection]) -> str | None:
+    """The letter after the series' last: the last panel's label is often the one unread."""
+    letters = [d.text for d in series if len(d.text) == 1 and d.text.isalpha()]
+    if not letters:
+        return None
+    last = max(letters, key=str.lower)
+    return chr(ord(last) + 1) if last.lower() < "z" else None
+
+
+def _bar(det: LabelDetection) -> bool:
+    """A glyph read as a letter shaped like an upright bar, and that thin."""
+    x1, y1, x2, y2 = det.box
+    return det.text in BAR_READINGS and x2 - x1 <= BAR_WIDTH * (y2 - y1)
+
+
+def past_gap(detections: list[LabelDetection], series: list[LabelDetection]) -> str | None:
+    """The last letter of the series' case read past the gap where the series stopped (a J read
+    after A to E, F to I unread), if any: the letters between are worth looking for."""
+    letters = [d for d in series if len(d.text) == 1]
+    if not letters:
+        return None
+    upper = letters[0].text.isupper()
+    last = max(ord(d.text.lower()) for d in letters)
+    past = [
+        d.text
+        for d in detections
+        if len(d.text) == 1
+        and d.text.isalpha()
+        and d.text.isupper() == upper
+        and d.confidence >= MIN_LABEL_CONFIDENCE
+        and ord(d.text.lower()) > last
+    ]
+    return max(past, key=str.lower) if past else None
+
+
+def _lone_glyphs(ink: np.ndarray, factor: int, h: float, taken: list[Box]) -> list[IntBox]:
+    """Shapes about ``h`` tall (working scale) with a blank margin all round, in figure pixels,
+    likeliest sizes first; none overlapping a label already read."""
+    count, _, stats, _ = cv2.connectedComponentsWithStats(ink.astype(np.uint8), connectivity=8)
+    integral = cv2.integral(ink.astype(np.uint8))
+    margin = max(1, round(0.6 * h))
+    height, width = ink.shape
+
+    def inked(x1: int, y1: int, x2: int, y2: int) -> int:
+        return int(integral[y2, x2] - integral[y1, x2] - integral[y2, x1] + integral[y1, x1])
+
+    found: list[tuple[float, IntBox]] = []
+    for k in range(1, count):
+        x, y, w, hh, _area = (int(v) for v in stats[k])
+        if not (0.7 * h <= hh <= 1.4 * h and w <= 1.5 * h):
+            continue
+        around = inked(
+            max(0, x - margin), max(0, y - margin), min(width, x + w + margin), min(height, y + hh + margin)
+        )
+        full = (x * factor, y * factor, (x + w) * factor, (y + hh) * factor)
+        if around == inked(x, y, x + w, y + hh) and not any(_overlap(full, t) for t in taken):
+            found.append((abs(hh - h), full))
+    found.sort()
+    return [box for _, box in found[:MAX_GLYPH_READS]]
+
+
+def _read_glyphs(image: np.ndarray, boxes: list[IntBox], factor: int) -> list[LabelDetection]:
+    """What the label recogniser reads in each glyph box (figure pixels), where it reads a label."""
+    if not boxes:
+        return []
+    gray = cv2.cvtColor(np.ascontiguousarray(image[..., :3]), cv2.COLOR_RGB2GRAY)
+    glyphs = []
+    pad = max(2, factor)
+    for x1, y1, x2, y2 in boxes:
+        cx1, cy1 = max(0, x1 - pad), max(0, y1 - pad)
+        cx2, cy2 = min(gray.shape[1], x2 + pad), min(gray.shape[0], y2 + pad)
+        keep = gray[cy1:cy2, cx1:cx2] < INK_THRESHOLD
+        tight = tight_box(keep, (0, 0, keep.shape[1], keep.shape[0]))
+        if tight is None:
+            continue
+        box = (cx1 + tight[0], cy1 + tight[1], cx1 + tight[2], cy1 + tight[3])
+        glyphs.append(
+            CornerGlyph(box=box, crop_box=(cx1, cy1, cx2, cy2), keep=keep, invert=False, corner="tl")
+        )
+    return [det for det in read_glyphs(gray, glyphs) if det is not None]
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
