@@ -42,9 +42,25 @@ def test_no_sequence_or_no_readings_changes_nothing() -> None:
     assert repair_with_caption([None, None], ["a", "b"]) == [None, None]
 
 
-def test_miner_takes_the_sequence_from_the_caption_not_from_the_readings() -> None:
-    from p2p.mining.pipeline import repair_labels
+def repair_labels(caption: str, labels: list[str | None]) -> list[str | None]:
+    """The miner's own stages on ``labels`` (one per panel, in reading order): the caption's
+    labels (``caption_names``, a split without hints), then the ``captions`` stage."""
+    import numpy as np
 
+    from p2p.mining.cpu.context import StageContext
+    from p2p.mining.params import load_params
+    from p2p.mining.pipeline import _CaptionLabelStage, _named
+    from p2p.mining.types import PanelCandidate
+
+    ctx = StageContext(image=np.zeros((10, 10, 3), np.uint8), caption=caption)
+    ctx.candidates = [PanelCandidate(box=(10.0 * k, 0.0, 10.0 * k + 9, 9.0)) for k in range(len(labels))]
+    ctx.labels = list(labels)
+    _named(ctx)
+    _CaptionLabelStage(load_params().labels)(ctx)
+    return ctx.labels
+
+
+def test_miner_takes_the_sequence_from_the_caption_not_from_the_readings() -> None:
     caption = "(a) Blot. (b) Plot. (c) CT image. (d) MRI scan."
     assert repair_labels(caption, ["a", None, "3", "d"]) == ["a", "b", "c", "d"]
 
@@ -71,7 +87,7 @@ def test_only_letters_whose_cases_look_alike_are_taken_for_the_other_case() -> N
 
 
 def test_panels_labelled_column_by_column_are_repaired_down_the_columns() -> None:
-    from p2p.mining.pipeline import in_reading_order, repair_labels
+    from p2p.mining.pipeline import in_reading_order
     from p2p.mining.types import PanelCandidate
 
     # a 2x3 grid (row-major boxes) labelled down the columns: A B | C D | E F; C was not read

@@ -71,7 +71,7 @@ def test_only_segment_and_panels_stages_move_panel_boxes(miner: CpuMiner) -> Non
 def test_the_captions_stage_completes_a_grid_from_its_printed_series(miner: CpuMiner) -> None:
     # a 2 x 3 grid of alike panels with only A and D read and a caption naming no panel
     boxes = [(x, y, x + 90.0, y + 80.0) for y in (0.0, 100.0) for x in (0.0, 100.0, 200.0)]
-    stage = next(s for s in miner.stages if s.name == "captions")
+    named, stage = (next(s for s in miner.stages if s.name == n) for n in ("caption_names", "captions"))
     for caption, want in (
         ("Electron micrographs of the trunk.", ["A", "B", "C", "D", "E", "F"]),
         # a caption that names its panels decides instead (here it settles nothing)
@@ -80,6 +80,7 @@ def test_the_captions_stage_completes_a_grid_from_its_printed_series(miner: CpuM
         ctx = StageContext(image=np.zeros((200, 300, 3), np.uint8), caption=caption)
         ctx.candidates = [PanelCandidate(box=b, confidence=0.9) for b in boxes]
         ctx.labels = ["A", None, None, "D", None, None]
+        ctx.run(named)
         ctx.run(stage)
         assert ctx.labels == want, caption
         assert ("printed series" in " ".join(ctx.notes)) == (want[1] is not None)

@@ -335,12 +335,14 @@ def _caption_labels(ctx: StageContext, *, grid_area_ratio: float) -> None:
     the printed series), and the caption split on them."""
     labels, candidates = ctx.labels, ctx.candidates
     if any(labels) and len(candidates) > 1:
-        repaired = repair_labels(ctx.caption, labels)
+        # the caption's own labels (``named``, a split without hints: with hints, labels_in_order
+        # follows what OCR read, misreadings appended and unread labels left out)
+        repaired = repair_with_caption(labels, ctx.named)
         if repaired != labels:
             ctx.notes.append("panel labels completed from the caption's label sequence")
             labels = repaired
-        elif len(split_caption(ctx.caption).labels_in_order) < 2:
-            areas = [(c.box[2] - c.box[0]) * (c.box[3] - c.box[1]) for c in candidates]
+        elif len(ctx.named) < 2:
+            areas = [geometry.area(c.box) for c in candidates]
             repaired = repair_with_series(labels, areas, grid_ratio=grid_area_ratio)
             if repaired != labels:
                 ctx.notes.append("panel labels completed from the printed series in reading order")
@@ -363,13 +365,6 @@ def _caption_labels(ctx: StageContext, *, grid_area_ratio: float) -> None:
             f"no panel for {', '.join(missing)}"
         )
     ctx.labels, ctx.split = labels, split
-
-
-def repair_labels(caption: str, labels: list[str | None]) -> list[str | None]:
-    """``labels`` (one per panel, in reading order) completed from the caption's label sequence."""
-    # The caption's own labels, from a split without hints: with hints, labels_in_order
-    # follows what OCR read (misreadings appended, unread labels left out).
-    return repair_with_caption(labels, split_caption(caption).labels_in_order)
 
 
 def _subcaptions(ctx: StageContext) -> None:
@@ -517,7 +512,7 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
         Stage("reading_order", ("candidates", "labels"), ("candidates", "labels"), _reading_order),
         Stage(
             "captions",
-            ("caption", "candidates", "labels"),
+            ("caption", "named", "candidates", "labels"),
             ("labels", "split"),
             _CaptionLabelStage(p.labels),
         ),

@@ -26,6 +26,7 @@ most of them unlabelled. Once labels are read, the labels decide instead:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -43,7 +44,7 @@ from p2p.mining.cpu.labels.series import (
 )
 from p2p.mining.cpu.panel_type import default_classifier
 from p2p.mining.types import LabelDetection, PanelCandidate
-from p2p.shared.geometry import Box
+from p2p.shared.geometry import Box, union_box
 
 # Tuned on real-dev "tune" only (bench/README.md, real figures); every value is a general rule.
 FAINT_THRESHOLD = 240  # ... and for a panel's extent, where pale renderings count
@@ -150,7 +151,7 @@ def _inside(anchor: Anchor, box: IntBox) -> bool:
     return box[0] <= cx < box[2] and box[1] <= cy < box[3]
 
 
-Sides = tuple[tuple[IntBox, list["Anchor"]], tuple[IntBox, list["Anchor"]]]
+Sides = tuple[tuple[IntBox, list[Anchor]], tuple[IntBox, list[Anchor]]]
 
 
 def label_parts(ink: np.ndarray, anchors: list[Anchor]) -> list[tuple[IntBox, list[Anchor]]]:
@@ -168,8 +169,7 @@ def label_parts(ink: np.ndarray, anchors: list[Anchor]) -> list[tuple[IntBox, li
         if cut is None:
             done.append((box, inside))
             continue
-        for part, owners in cut:
-            todo.append((part, owners))
+        todo.extend(cut)
     return done
 
 
@@ -531,17 +531,13 @@ def _joined(ink: np.ndarray, factor: int, candidates: list[PanelCandidate]) -> l
     groups = stroke_groups(ink, factor, [c.box for c in candidates])
     if len(groups) == len(candidates):
         return candidates
-    merged = []
-    for group in groups:
-        boxes = [candidates[k].box for k in group]
-        box = (
-            min(b[0] for b in boxes),
-            min(b[1] for b in boxes),
-            max(b[2] for b in boxes),
-            max(b[3] for b in boxes),
+    return [
+        PanelCandidate(
+            box=functools.reduce(union_box, (candidates[k].box for k in group)),
+            confidence=min(candidates[k].confidence for k in group),
         )
-        merged.append(PanelCandidate(box=box, confidence=min(candidates[k].confidence for k in group)))
-    return merged
+        for group in groups
+    ]
 
 
 def _refine(
@@ -684,16 +680,11 @@ def _shared_part(
 ) -> list[PanelCandidate] | None:
     """Panels of labels that share a part no straight gutter divides (staggered diagrams, a
     network's edges reaching past its neighbour's corner): each connected piece of content goes
-    to the label heading it, the nearest label above and left of the piece's top-left corner.
-    None when a label gets no content of its own."""
+    to the label heading it, by the votes of its pixels for the nearest label above and left of
+    them. None when a label gets no content of its own. ``faint`` has the label glyphs blanked
+    (``_panels_of_parts``)."""
     x1, y1, x2, y2 = part
-    local = faint[y1:y2, x1:x2].copy()
-    for a in owners:
-        pad = max(1, (a.box[3] - a.box[1]) // 4)
-        local[
-            max(0, a.box[1] - pad - y1) : max(0, a.box[3] + pad - y1),
-            max(0, a.box[0] - pad - x1) : max(0, a.box[2] + pad - x1),
-        ] = False
+    local = faint[y1:y2, x1:x2]
     k = max(3, round(SHARED_JOIN * text_height))
     joined = cv2.morphologyEx(local.astype(np.uint8), cv2.MORPH_CLOSE, np.ones((k, k), np.uint8))
     count, comp, stats, _ = cv2.connectedComponentsWithStats(joined, connectivity=8)
@@ -703,7 +694,7 @@ def _shared_part(
     heads = [(a.box[0] - x1, a.box[1] - y1) for a in owners]
     # each pixel votes for the nearest label heading it (above and left); a piece goes whole
     # to the label most of its pixels vote for
-    nearest, headed = _nearest_heads(heads, tol, (0, 0, x2 - x1, y2 - y1))
+    nearest, headed = _nearest_heads(heads, tol, local.shape)
     inked = joined > 0
     pairs = np.asarray(comp[inked], dtype=np.int64) * len(owners) + nearest[inked]
     votes = np.bincount(pairs, minlength=count * len(owners)).reshape(count, len(owners))
@@ -735,13 +726,13 @@ def _shared_part(
 
 
 def _nearest_heads(
-    heads: list[tuple[int, int]], tol: float, box: tuple[int, int, int, int]
+    heads: list[tuple[int, int]], tol: float, shape: tuple[int, ...]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """For each pixel of ``box`` (x, y, w, h): the index of the nearest label head above and
-    left of it (the nearest head of any where none is), and whether one was."""
-    x, y, w, h = box
-    xs = np.arange(x, x + w, dtype=np.float32)[None, :]
-    ys = np.arange(y, y + h, dtype=np.float32)[:, None]
+    """For each pixel of an array of ``shape`` (h, w): the index of the nearest label head above
+    and left of it (the nearest head of any where none is), and whether one was."""
+    h, w = shape[:2]
+    xs = np.arange(w, dtype=np.float32)[None, :]
+    ys = np.arange(h, dtype=np.float32)[:, None]
     best = np.full((h, w), np.inf, dtype=np.float32)
     anywhere = np.full((h, w), np.inf, dtype=np.float32)
     index = np.zeros((h, w), dtype=np.int64)

@@ -78,6 +78,7 @@ from p2p.mining.cpu.labels.read import _engine as ocr_engine
 from p2p.mining.cpu.markers import net as marker_net
 from p2p.mining.params import MarkerParams, load_params
 from p2p.mining.types import Marker
+from p2p.shared import geometry
 from p2p.shared.geometry import Box, contains_point
 
 # The rules' candidates scoring below MarkerParams.min_confidence are dropped; arrows are tested
@@ -2563,8 +2564,7 @@ def detect_markers(
         cands = _choose(found, cands, marker_net.shipped_fusion().probability(rows), p)
     cands = [c for c in cands if not _in_word(found, c)]
     markers = [m for c in cands if (m := _as_marker(c, found, 0, 0)) is not None]
-    sx = (crop[0].shape[1] / native.shape[1]) if shrink < 1.0 else 1.0
-    sy = (crop[0].shape[0] / native.shape[0]) if shrink < 1.0 else 1.0
+    sx, sy = crop[0].shape[1] / native.shape[1], crop[0].shape[0] / native.shape[0]
     markers = [_in_figure(m, sx, sy, x0, y0) for m in markers]
     markers.sort(key=lambda m: -m.confidence)
     return markers
@@ -2572,13 +2572,12 @@ def detect_markers(
 
 def _in_figure(marker: Marker, sx: float, sy: float, x0: int, y0: int) -> Marker:
     """A marker found on a (shrunk) crop, in figure pixels."""
-
-    def box(b: Box) -> Box:
-        return (b[0] * sx + x0, b[1] * sy + y0, b[2] * sx + x0, b[3] * sy + y0)
-
     point = (marker.target_point[0] * sx + x0, marker.target_point[1] * sy + y0)
     return replace(
-        marker, glyph_box=box(marker.glyph_box), target_box=box(marker.target_box), target_point=point
+        marker,
+        glyph_box=geometry.translate(geometry.scale(marker.glyph_box, sx, sy), x0, y0),
+        target_box=geometry.translate(geometry.scale(marker.target_box, sx, sy), x0, y0),
+        target_point=point,
     )
 
 
