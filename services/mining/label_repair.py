@@ -117,7 +117,11 @@ def repair_with_series(
         return list(labels)
     places = {r: ord(label.lower()) - ord("a") for r, label in enumerate(labels) if label is not None}
     count = max(places.values()) + 1
-    if len(labels) > count and all(r == place for r, place in places.items()) and _grid(areas, grid_ratio):
+    if (
+        len(labels) > count
+        and all(r == place for r, place in places.items())
+        and alike_in_area(areas, grid_ratio)
+    ):
         count = len(labels)
     if count > 26:
         return list(labels)
@@ -125,5 +129,7 @@ def repair_with_series(
     return repair_with_caption(labels, [s.upper() for s in sequence] if upper else sequence)
 
 
-def _grid(areas: Sequence[float], ratio: float) -> bool:
+def alike_in_area(areas: Sequence[float], ratio: float) -> bool:
+    """Whether there are several areas, none empty, the largest at most ``ratio`` times the
+    smallest: panels repeated across a row or grid."""
     return len(areas) >= 2 and min(areas) > 0 and max(areas) <= ratio * min(areas)

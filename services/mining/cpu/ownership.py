@@ -43,7 +43,9 @@ from p2p.mining.cpu.labels.series import (
     unread_labels,
 )
 from p2p.mining.cpu.panel_type import default_classifier
+from p2p.mining.label_repair import alike_in_area
 from p2p.mining.types import LabelDetection, PanelCandidate
+from p2p.shared import geometry
 from p2p.shared.geometry import Box, union_box
 
 # Tuned on real-dev "tune" only (bench/README.md, real figures); every value is a general rule.
@@ -469,8 +471,7 @@ def _separating_gutter(ink: np.ndarray, tight: IntBox) -> tuple[tuple[IntBox, In
 def repeated(candidates: list[PanelCandidate]) -> bool:
     """Whether the pieces are panels repeated across the figure (a row or grid of pictures or
     charts): several, alike in area. A diagram comes apart into pieces of any size."""
-    areas = sorted((c.box[2] - c.box[0]) * (c.box[3] - c.box[1]) for c in candidates)
-    return len(areas) >= 2 and areas[0] > 0 and areas[-1] <= REPEAT_AREA_RATIO * areas[0]
+    return alike_in_area([geometry.area(c.box) for c in candidates], REPEAT_AREA_RATIO)
 
 
 def _picture(ink: np.ndarray, factor: int, box: Box) -> bool:
