@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -103,26 +104,29 @@ def digest(records: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
 
 
-def first_difference(expected: Any, actual: Any, path: str = "") -> str | None:
-    """The path of the first field where two records differ, with both values."""
+def first_difference(expected: Any, actual: Any, path: str = "", *, rel_tol: float = 0.0) -> str | None:
+    """The path of the first field where two records differ, with both values; floats within
+    ``rel_tol`` of each other (relative, and absolute below 1) count as equal."""
     if isinstance(expected, dict) and isinstance(actual, dict):
-        for key in sorted(set(expected) | set(actual)):
-            if key not in expected or key not in actual:
-                return f"{path}.{key}: present in only one"
-            found = first_difference(expected[key], actual[key], f"{path}.{key}")
-            if found:
-                return found
-        return None
-    if isinstance(expected, list) and isinstance(actual, list):
+        if set(expected) != set(actual):
+            key = min(set(expected) ^ set(actual))
+            return f"{path}.{key}: present in only one"
+        pairs = [(expected[key], actual[key], f"{path}.{key}") for key in sorted(expected)]
+    elif isinstance(expected, list) and isinstance(actual, list):
         if len(expected) != len(actual):
             return f"{path}: {len(expected)} items expected, {len(actual)} found"
-        for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
-            found = first_difference(e, a, f"{path}[{i}]")
-            if found:
-                return found
-        return None
-    if expected != actual:
-        return f"{path}: expected {expected!r}, found {actual!r}"
+        pairs = [(e, a, f"{path}[{i}]") for i, (e, a) in enumerate(zip(expected, actual, strict=True))]
+    else:
+        same = (
+            math.isclose(expected, actual, rel_tol=rel_tol, abs_tol=rel_tol)
+            if isinstance(expected, float) and isinstance(actual, float)
+            else expected == actual
+        )
+        return None if same else f"{path}: expected {expected!r}, found {actual!r}"
+    for e, a, where in pairs:
+        found = first_difference(e, a, where, rel_tol=rel_tol)
+        if found:
+            return found
     return None
 
 
