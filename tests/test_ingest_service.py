@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from sqlalchemy import event
 
-from p2p.ingest.service import ingest_figure
+from p2p.ingest.service import ingest_one
 from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from p2p.shared.images import digest_stream, inspect_image
 from p2p.shared.runtime import Runtime
@@ -24,18 +24,14 @@ from tests.helpers import image_bytes, object_count, row_counts
 def _ingest(
     runtime: Runtime, data: bytes, caption: str, metadata: FigureMetadata | None = None, record: Any = None
 ):  # type: ignore[no-untyped-def]
-    with runtime.session() as session:
-        return ingest_figure(
-            session=session,
-            store=runtime.store,
-            dispatcher=runtime.dispatcher,
-            settings=runtime.settings,
-            image=io.BytesIO(data),
-            caption=caption,
-            metadata=metadata or FigureMetadata(),
-            source="test",
-            record=record,
-        )
+    return ingest_one(
+        runtime=runtime,
+        image=io.BytesIO(data),
+        caption=caption,
+        metadata=metadata or FigureMetadata(),
+        source="test",
+        record=record,
+    )
 
 
 @pytest.mark.parametrize("store_kind", ["local"], indirect=True)

@@ -137,6 +137,20 @@ def test_write_endpoints_need_a_key_with_the_right_scope(
     )
 
 
+def test_an_upload_without_a_key_is_refused_whatever_its_body(
+    prod_client: TestClient, prod_runtime: Runtime
+) -> None:
+    """The key is checked first: a client without one gets 401 however broken its body is."""
+    headers = {"Content-Type": "multipart/form-data; boundary=b0undary"}
+    broken = b"--b0undary\r\nContent-Disposition: form-data; name=image; filename=a.png\r\n"
+    assert_error(prod_client.post("/v1/figures", content=broken, headers=headers), 401, "missing_api_key")
+    ingester = _key(prod_runtime, "ingest")
+    keyed = {**headers, "Authorization": f"Bearer {ingester}"}
+    refused = prod_client.post("/v1/figures", content=broken, headers=keyed)
+    assert 400 <= refused.status_code < 500 and refused.status_code not in (401, 403), refused.text
+    assert row_counts(prod_runtime.engine)["figure"] == 0
+
+
 def test_keys_are_stored_hashed(prod_runtime: Runtime) -> None:
     token = _key(prod_runtime, "ingest", "read")
     secret = token.split("_", 2)[2]
