@@ -20,12 +20,79 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ingest_bench as ib
+
+STAGES = (
+    ("p2p.shared.deps", "_admit"),
+    ("p2p.ingest.service", "ingest_one"),
+    ("p2p.ingest.service", "digest_stream"),
+    ("p2p.ingest.service", "inspect_image"),
+    ("p2p.ingest.service", "_dispatch"),
+    ("p2p.ingest.service", "_insert_figure"),
+    ("p2p.ingest.service", "_find_figure"),
+    ("p2p.shared.storage", "S3ObjectStore.put"),
+)
+
+
+def time_stages(out: Path) -> Callable[[], None]:
+    """Wraps ``STAGES`` with counters of the calling thread's CPU; the returned call writes them."""
+    import importlib
+    import json
+
+    spent: dict[str, list[float]] = {}
+    lock = threading.Lock()
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **kw: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                with lock:
+                    entry = spent.setdefault(name, [0.0, 0])
+                    entry[0] += time.thread_time() - start
+                    entry[1] += 1
+
+        return timed
+
+    for module_name, attr in STAGES:
+        holder: Any = importlib.import_module(module_name)
+        *owner, name = attr.split(".")
+        for part in owner:
+            holder = getattr(holder, part)
+        setattr(holder, name, wrap(attr, getattr(holder, name)))
+
+    def dump() -> None:
+        out.write_text(json.dumps(spent))
+
+    return dump
+
+
+def serve_stages(port: int, out: Path) -> None:
+    """``p2p serve ingest`` with ``STAGES`` timed; the counters are written on SIGTERM."""
+    import uvicorn
+
+    from p2p.apps.ingest import ingest_app
+    from p2p.shared import logs
+    from p2p.shared.settings import get_settings
+
+    def leave(*_: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, leave)
+    dump = time_stages(out)
+    settings = get_settings()
+    logs.configure_logging(settings, service="ingest-api")
+    try:
+        uvicorn.run(ingest_app(settings), host="127.0.0.1", port=port, log_level="warning", log_config=None)
+    finally:
+        dump()
 
 
 def serve_profiled(port: int, out: Path) -> None:
@@ -137,6 +204,8 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--client", choices=("httpx", "raw"), default="raw")
     parser.add_argument("--serve-profiled", nargs=2, metavar=("PORT", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-stages", nargs=2, metavar=("PORT", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--stages", action="store_true", help="no profiler: CPU per stage (STAGES)")
     parser.add_argument("--report", type=Path, help="print a stats file written before")
     parser.add_argument(
         "--threads-only",
@@ -144,25 +213,28 @@ def main() -> int:
         help="no profiler: the CPU of the event loop and the other threads",
     )
     args = parser.parse_args()
+    if args.serve_stages:
+        serve_stages(int(args.serve_stages[0]), Path(args.serve_stages[1]))
+        return 0
     if args.serve_profiled:
         serve_profiled(int(args.serve_profiled[0]), Path(args.serve_profiled[1]))
         return 0
     if args.report:
         report(args.report, args.figures, args.top)
         return 0
+    return measure(args)
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Backends, the server (profiled, timed or plain), the load, then the report."""
     workdir = ib.scratch_dir("p2p-ingest-profile-")
     backends = ib.start_backends(workdir)
     out = workdir / "profile.marshal"
     try:
         server, token = ib._production_ingest(workdir, backends)
         if not args.threads_only:
-            server.cmd = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--serve-profiled",
-                str(server.port),
-                str(out),
-            ]
+            mode = "--serve-stages" if args.stages else "--serve-profiled"
+            server.cmd = [sys.executable, str(Path(__file__).resolve()), mode, str(server.port), str(out)]
         groups = ib._start_production_ingest(server, backends)
         assert server.proc is not None
         before = thread_cpu(server.proc.pid)
@@ -196,6 +268,12 @@ def main() -> int:
         if not out.exists():
             print(server.log_tail())
             return 1
+        if args.stages:
+            import json
+
+            for name, (cpu_s, calls) in json.loads(out.read_text()).items():
+                print(f"{name}: {1000 * cpu_s / per_figure:.2f} CPU ms/figure ({calls} calls)")
+            return 0
         keep = Path("/tmp") / f"ingest-profile-{int(time.time())}.marshal"
         shutil.copy(out, keep)
         print(f"stats: {keep} (warm-up included: {args.figures + 16} figures)")

@@ -197,6 +197,19 @@ def test_truncated_jpeg_at_any_point_is_corrupt(cut: float) -> None:
     assert err.value.error_type == "corrupt_image"
 
 
+def test_jpeg_scan_ends_only_at_a_real_marker() -> None:
+    """Fill bytes (0xFF runs) may precede the end-of-image marker; a stuffed 0xFF 0x00 or a lone
+    0xFF at the very end is scan data, so the image is cut off."""
+    data = _jpeg()
+    assert data.endswith(b"\xff\xd9")
+    filled = data[:-2] + b"\xff\xff\xff\xd9"
+    inspect_image(io.BytesIO(filled), allowed_formats=ALL, max_pixels=10**6)
+    for tail in (b"\xff\x00", b"\xff", b"\xff\xff", b"\xff\xd3"):
+        with pytest.raises(InvalidInput) as err:
+            inspect_image(io.BytesIO(data[:-2] + tail), allowed_formats=ALL, max_pixels=10**6)
+        assert err.value.error_type == "corrupt_image"
+
+
 def test_jpeg_with_broken_segment_length_is_corrupt() -> None:
     data = bytearray(_jpeg())
     dqt = data.index(b"\xff\xdb")
