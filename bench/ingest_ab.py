@@ -5,7 +5,7 @@ this checkout's. Both are ``p2p serve ingest`` on the production profile against
 servers (``tests/servers``, as ``ingest_bench.py`` starts them), one API key. Each slice posts
 ``--figures`` figures from 16 clients (``ingest_bench.run_load``); the ratio is B's figures/s ÷
 A's per round, with the CPU per figure of every process loaded (server, PostgreSQL, SeaweedFS,
-client) and of the server alone.
+client) and of the server alone. Each server has an API key of its own (the rate limit is per key).
 
     .venv/bin/python bench/ingest_ab.py --a-bin /tmp/base/.venv/bin --rounds 6 --figures 100
 """
@@ -55,10 +55,12 @@ def main() -> int:
         )
         server_a.port = int(server_a.cmd[-1])
         sides = {}
-        auth = {"Authorization": f"Bearer {token}"}
+        # A key per server: the write rate limit (1,200 per key a minute) counts per key in Redis.
+        tokens = {"A": ib.new_ingest_key(backends), "B": token}
         for server in (server_a, server_b):
             servers.append(server)
             groups = ib._start_production_ingest(server, backends)
+            auth = {"Authorization": f"Bearer {tokens[server.name]}"}
             sides[server.name] = ib._abba_side(
                 "servers", server.base_url + "/v1/figures", factory, args, groups, expect=202, headers=auth
             )
