@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -94,6 +95,7 @@ def main() -> int:
         for server in servers:
             server.stop()
         backends.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
