@@ -788,13 +788,18 @@ def p2p_cli(args: list[str], env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
+def new_ingest_key(backends: Backends) -> str:
+    """A new API key with the ingest scope on ``backends``' (migrated) database."""
+    args = ["keys", "create", "--name", "bench", "--scope", "ingest"]
+    return p2p_cli(args, backends.env()).splitlines()[-1].strip()
+
+
 def _production_ingest(workdir: Path, backends: Backends) -> tuple[ServerProcess, str]:
     """The production-profile ingest API on ``backends`` (migrated, with an API key), not started."""
     env = backends.env()
     log("servers: p2p db upgrade")
     p2p_cli(["db", "upgrade"], env)
-    token = p2p_cli(["keys", "create", "--name", "bench", "--scope", "ingest"], env).splitlines()[-1].strip()
-    return ingest_server("servers", free_port(), workdir, env), token
+    return ingest_server("servers", free_port(), workdir, env), new_ingest_key(backends)
 
 
 def _start_production_ingest(server: ServerProcess, backends: Backends) -> list[ProcessGroup]:

@@ -50,6 +50,14 @@ class Runtime:
         with self.session_factory() as session:
             yield session
 
+    @contextmanager
+    def autocommit_session(self) -> Iterator[Session]:
+        """A session whose statements commit one by one, for a read that needs no transaction (or
+        a one-statement write): no BEGIN and no ROLLBACK round trip around it."""
+        engine = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        with Session(bind=engine, expire_on_commit=False) as session:
+            yield session
+
     def check_database(self) -> None:
         try:
             with self.engine.connect() as conn:

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from sqlalchemy import event
 
-from p2p.ingest.service import ingest_figure
+from p2p.ingest.service import ingest_one
 from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from p2p.shared.images import digest_stream, inspect_image
 from p2p.shared.runtime import Runtime
@@ -24,18 +24,14 @@ from tests.helpers import image_bytes, object_count, row_counts
 def _ingest(
     runtime: Runtime, data: bytes, caption: str, metadata: FigureMetadata | None = None, record: Any = None
 ):  # type: ignore[no-untyped-def]
-    with runtime.session() as session:
-        return ingest_figure(
-            session=session,
-            store=runtime.store,
-            dispatcher=runtime.dispatcher,
-            settings=runtime.settings,
-            image=io.BytesIO(data),
-            caption=caption,
-            metadata=metadata or FigureMetadata(),
-            source="test",
-            record=record,
-        )
+    return ingest_one(
+        runtime=runtime,
+        image=io.BytesIO(data),
+        caption=caption,
+        metadata=metadata or FigureMetadata(),
+        source="test",
+        record=record,
+    )
 
 
 @pytest.mark.parametrize("store_kind", ["local"], indirect=True)
@@ -199,6 +195,19 @@ def test_truncated_jpeg_at_any_point_is_corrupt(cut: float) -> None:
     with pytest.raises(InvalidInput) as err:
         inspect_image(io.BytesIO(data[: int(len(data) * cut)]), allowed_formats=ALL, max_pixels=10**6)
     assert err.value.error_type == "corrupt_image"
+
+
+def test_jpeg_scan_ends_only_at_a_real_marker() -> None:
+    """Fill bytes (0xFF runs) may precede the end-of-image marker; a stuffed 0xFF 0x00 or a lone
+    0xFF at the very end is scan data, so the image is cut off."""
+    data = _jpeg()
+    assert data.endswith(b"\xff\xd9")
+    filled = data[:-2] + b"\xff\xff\xff\xd9"
+    inspect_image(io.BytesIO(filled), allowed_formats=ALL, max_pixels=10**6)
+    for tail in (b"\xff\x00", b"\xff", b"\xff\xff", b"\xff\xd3"):
+        with pytest.raises(InvalidInput) as err:
+            inspect_image(io.BytesIO(data[:-2] + tail), allowed_formats=ALL, max_pixels=10**6)
+        assert err.value.error_type == "corrupt_image"
 
 
 def test_jpeg_with_broken_segment_length_is_corrupt() -> None:

@@ -12,11 +12,12 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from p2p.ingest.app import create_app
 from p2p.shared.api import startup_notice
 from p2p.shared.auth import create_api_key, revoke_api_key
+from p2p.shared.db.models import ApiKey
 from p2p.shared.queue import MINE_FIGURE_TASK, MINING_QUEUE
 from p2p.shared.runtime import Runtime, SchemaOutOfDate, build_runtime
 from p2p.shared.settings import Settings
@@ -135,6 +136,43 @@ def test_write_endpoints_need_a_key_with_the_right_scope(
         401,
         "revoked_api_key",
     )
+
+
+def test_an_upload_without_a_key_is_refused_whatever_its_body(
+    prod_client: TestClient, prod_runtime: Runtime
+) -> None:
+    """The key is checked first: a client without one gets 401 however broken its body is."""
+    headers = {"Content-Type": "multipart/form-data; boundary=b0undary"}
+    broken = b"--b0undary\r\nContent-Disposition: form-data; name=image; filename=a.png\r\n"
+    assert_error(prod_client.post("/v1/figures", content=broken, headers=headers), 401, "missing_api_key")
+    ingester = _key(prod_runtime, "ingest")
+    keyed = {**headers, "Authorization": f"Bearer {ingester}"}
+    refused = prod_client.post("/v1/figures", content=broken, headers=keyed)
+    assert 400 <= refused.status_code < 500 and refused.status_code not in (401, 403), refused.text
+    assert row_counts(prod_runtime.engine)["figure"] == 0
+
+
+def test_the_key_check_runs_outside_a_transaction(prod_client: TestClient, prod_runtime: Runtime) -> None:
+    """Autocommit: the key's SELECT (and its last_used_at UPDATE) need no BEGIN and ROLLBACK."""
+    from sqlalchemy import event
+
+    seen: list[tuple[str, bool]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if "api_key" in statement:
+            seen.append((statement.split()[0], conn.connection.dbapi_connection.autocommit))
+
+    ingester = _key(prod_runtime, "ingest")
+    event.listen(prod_runtime.engine, "before_cursor_execute", record)
+    try:
+        accepted = upload(prod_client, image_bytes(seed=44), headers={"Authorization": f"Bearer {ingester}"})
+    finally:
+        event.remove(prod_runtime.engine, "before_cursor_execute", record)
+    assert accepted.status_code == 202, accepted.text
+    assert ("SELECT", True) in seen and ("UPDATE", True) in seen
+    assert all(autocommit for _, autocommit in seen), seen
+    with prod_runtime.session() as session:
+        assert session.scalars(select(ApiKey.last_used_at)).all() != [None]
 
 
 def test_keys_are_stored_hashed(prod_runtime: Runtime) -> None:

@@ -150,3 +150,22 @@ def test_s3_put_of_a_stream_longer_than_announced_stores_nothing(s3_store: S3Obj
             content_type="application/octet-stream",
         )
     assert not s3_store.exists("bad/long")
+
+
+def test_s3_keeps_a_connection_for_each_of_many_requests_at_once(
+    s3_store: S3ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sixteen ingest clients upload at once: every connection goes back to the pool afterwards
+    instead of being closed after one request (minio's own pool keeps ten)."""
+    _put(s3_store, "pool/a.txt", b"held")
+    at_once = 16
+    responses = [s3_store.client.get_object(s3_store.bucket, "pool/a.txt") for _ in range(at_once)]
+    with caplog.at_level("WARNING", logger="urllib3.connectionpool"):
+        for response in responses:  # each holds its connection until released
+            assert response.read() == b"held"
+            response.close()
+            response.release_conn()
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+    pools = list(s3_store.client._http.pools._container.values())  # type: ignore[attr-defined]
+    kept = [conn for pool in pools if pool.pool is not None for conn in pool.pool.queue if conn is not None]
+    assert len(kept) >= at_once

@@ -163,17 +163,14 @@ def _ingest_batch(
 def _ingest_loose(
     runtime: Runtime, path: Path, caption: str, progress: Progress | LineProgress, task: TaskID
 ) -> dict[str, int]:
-    from p2p.ingest.service import ingest_figure
+    from p2p.ingest.service import ingest_one
     from p2p.shared.errors import P2PError
     from p2p.shared.schemas import FigureMetadata
 
     try:
-        with runtime.session() as session, path.open("rb") as fh:
-            outcome = ingest_figure(
-                session=session,
-                store=runtime.store,
-                dispatcher=runtime.dispatcher,
-                settings=runtime.settings,
+        with path.open("rb") as fh:
+            outcome = ingest_one(
+                runtime=runtime,
                 image=fh,
                 caption=caption,
                 metadata=FigureMetadata(source_ref=str(path)),

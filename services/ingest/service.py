@@ -23,6 +23,7 @@ from p2p.shared.jobs import MINING
 from p2p.shared.licenses import license_group, normalize_license
 from p2p.shared.queue import MINE_FIGURE_TASK, TaskDispatcher, mining_queue
 from p2p.shared.recovery import resend_if_stalled
+from p2p.shared.runtime import Runtime
 from p2p.shared.schemas import ArticleIn, FigureMetadata
 from p2p.shared.settings import Settings
 from p2p.shared.storage import ObjectStore, content_key
@@ -159,6 +160,31 @@ def ingest_figure(
     session.commit()
     _dispatch(session, dispatcher, job, settings=settings)
     return _stored(IngestOutcome(figure=figure, job=job, duplicate=False))
+
+
+def ingest_one(
+    *,
+    runtime: Runtime,
+    image: BinaryIO,
+    caption: str,
+    metadata: FigureMetadata,
+    source: str,
+    record: Recorder | None = None,
+) -> IngestOutcome:
+    """:func:`ingest_figure` in a session of its own (the rows stay readable after it closes:
+    the session does not expire them on commit)."""
+    with runtime.session() as session:
+        return ingest_figure(
+            session=session,
+            store=runtime.store,
+            dispatcher=runtime.dispatcher,
+            settings=runtime.settings,
+            image=image,
+            caption=caption,
+            metadata=metadata,
+            source=source,
+            record=record,
+        )
 
 
 def _stored(outcome: IngestOutcome) -> IngestOutcome:

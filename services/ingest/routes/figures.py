@@ -1,16 +1,18 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
+from starlette.datastructures import FormData, UploadFile
 
 from p2p.ingest.deps import IngestPrincipal, ReadPrincipal, RuntimeDep, SessionDep
-from p2p.ingest.service import ingest_figure
+from p2p.ingest.service import ingest_one
 from p2p.shared.db.models import Figure, FigureStatus, Panel
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge
 from p2p.shared.schemas import MAX_OFFSET, FigureAccepted, FigureMetadata, FigurePublic
@@ -44,46 +46,97 @@ def parse_metadata(raw: str | None, *, max_bytes: int) -> FigureMetadata:
         raise InvalidInput(f"metadata: {detail}", error_type=error_type) from exc
 
 
+_FIGURE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "title": "FigureUpload",
+                    "type": "object",
+                    "required": ["image"],
+                    "properties": {
+                        "image": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "The figure image (JPEG, PNG, TIFF, GIF, BMP, WEBP).",
+                        },
+                        "caption": {"type": "string", "default": "", "description": "The figure caption."},
+                        "metadata": {
+                            "type": "string",
+                            "description": "JSON: article ids, title, abstract, license, "
+                            "inline_references...",
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@dataclass(frozen=True)
+class FigureForm:
+    image: UploadFile
+    caption: str
+    metadata: str | None
+
+
+def _text(form: FormData, name: str) -> str | None:
+    values = form.getlist(name)
+    if any(not isinstance(value, str) for value in values):
+        raise InvalidInput(f"{name}: send a text field, not a file", error_type="validation_error")
+    return str(values[-1]) if values else None
+
+
+def check_figure_form(form: FormData) -> FigureForm:
+    """The upload's parts, checked as FastAPI's ``File``/``Form`` parameters were (same errors),
+    without its per-request validation machinery (bench/README.md, ingest)."""
+    images = form.getlist("image")
+    if not images:
+        raise InvalidInput("image: Field required", error_type="validation_error")
+    if any(not isinstance(image, UploadFile) for image in images):
+        raise InvalidInput("image: send a file part, not a text field", error_type="validation_error")
+    caption, metadata = _text(form, "caption"), _text(form, "metadata")
+    unknown = sorted(set(form.keys()) - FORM_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown form fields: {', '.join(unknown)}", error_type="unknown_field")
+    if len(images) != 1:
+        raise InvalidInput("send exactly one image", error_type="invalid_request")
+    if len(form.getlist("caption")) > 1:
+        raise InvalidInput("send one caption", error_type="invalid_caption")
+    image = images[0]
+    assert isinstance(image, UploadFile)
+    return FigureForm(image=image, caption=caption or "", metadata=metadata)
+
+
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=FigureAccepted,
     responses={200: {"model": FigureAccepted, "description": "The same image and caption already exist."}},
+    openapi_extra=_FIGURE_BODY,
 )
 async def post_figure(
-    request: Request,
-    response: Response,
-    runtime: RuntimeDep,
-    session: SessionDep,
-    _: IngestPrincipal,
-    image: Annotated[UploadFile, File(description="The figure image (JPEG, PNG, TIFF, GIF, BMP, WEBP).")],
-    caption: Annotated[str, Form(description="The figure caption.")] = "",
-    metadata: Annotated[
-        str | None, Form(description="JSON: article ids, title, abstract, license, inline_references...")
-    ] = None,
+    request: Request, response: Response, runtime: RuntimeDep, _: IngestPrincipal
 ) -> FigureAccepted:
+    # The key is checked before the body is read; the session is opened on the thread that ingests.
     form = await request.form()
-    unknown = sorted(set(form.keys()) - FORM_FIELDS)
-    if unknown:
-        raise InvalidInput(f"unknown form fields: {', '.join(unknown)}", error_type="unknown_field")
-    if len(form.getlist("image")) != 1:
-        raise InvalidInput("send exactly one image", error_type="invalid_request")
-    if len(form.getlist("caption")) > 1:  # a file part named caption is refused by the str type
-        raise InvalidInput("send one caption", error_type="invalid_caption")
-    settings = runtime.settings
-    parsed = parse_metadata(metadata, max_bytes=settings.ingest.max_metadata_bytes)
-    outcome = await run_in_threadpool(
-        lambda: ingest_figure(
-            session=session,
-            store=runtime.store,
-            dispatcher=runtime.dispatcher,
-            settings=settings,
-            image=image.file,
-            caption=caption,
-            metadata=parsed,
-            source="api",
+    try:
+        upload = check_figure_form(form)
+        settings = runtime.settings
+        parsed = parse_metadata(upload.metadata, max_bytes=settings.ingest.max_metadata_bytes)
+        outcome = await run_in_threadpool(
+            lambda: ingest_one(
+                runtime=runtime,
+                image=upload.image.file,
+                caption=upload.caption,
+                metadata=parsed,
+                source="api",
+            )
         )
-    )
+    finally:
+        await form.close()
     if outcome.duplicate:
         response.status_code = status.HTTP_200_OK
     response.headers["Location"] = f"/v1/figures/{outcome.figure.id}"
