@@ -37,6 +37,7 @@ from p2p.mining.params import (
     AxisStripParams,
     CountParams,
     CpuParams,
+    HeadingParams,
     LabelParams,
     LabelSplitParams,
     LabelTrimParams,
@@ -301,21 +302,29 @@ def _ownership(ctx: StageContext) -> None:
     ctx.notes.extend(notes)
 
 
-def _headings(ctx: StageContext) -> None:
-    """A heading printed flush over a picture or blot panel goes to its outer box."""
-    heights = [d.box[3] - d.box[1] for d in ctx.detections]
-    if not heights:
-        return
-    text_height = float(np.median(heights))
-    out = []
-    for cand, (kind, _) in zip(ctx.candidates, ctx.panel_types, strict=True):
-        trimmed = (
-            None
-            if cand.outer_box is not None or kind == "plot"
-            else without_top_heading(ctx.image, cand.box, text_height)
-        )
-        out.append(cand if trimmed is None else replace(cand, box=trimmed, outer_box=cand.box))
-    ctx.candidates = out
+@dataclass(frozen=True)
+class _HeadingStage:
+    params: HeadingParams
+
+    def __call__(self, ctx: StageContext) -> None:
+        """A heading printed flush over a panel goes to its outer box (the one ownership set, if
+        it set one: that one already holds the headers round a part of pictures)."""
+        heights = [d.box[3] - d.box[1] for d in ctx.detections]
+        if not heights:
+            return
+        text_height = float(np.median(heights))
+        # the glyphs of labels that head a panel (a label read but given to none may be a
+        # heading's own text)
+        labels = [box for text, box in ctx.label_boxes.items() if text in ctx.labels]
+        out = []
+        for cand, (kind, _) in zip(ctx.candidates, ctx.panel_types, strict=True):
+            trimmed = without_top_heading(
+                ctx.image, cand.box, text_height, params=self.params, plot=kind == "plot", labels=labels
+            )
+            out.append(
+                cand if trimmed is None else replace(cand, box=trimmed, outer_box=cand.outer_box or cand.box)
+            )
+        ctx.candidates = out
 
 
 def _reading_order(ctx: StageContext) -> None:
@@ -524,9 +533,9 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
         ),
         Stage(
             "panels_headings",
-            ("image", "candidates", "detections", "panel_types"),
+            ("image", "candidates", "labels", "detections", "panel_types"),
             ("candidates",),
-            _headings,
+            _HeadingStage(p.headings),
         ),
         Stage(
             "subcaptions",

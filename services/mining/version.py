@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 8  # 8: unlabelled pieces joined by strokes are one drawing
+MINER_REVISION = 9  # 9: headings over plots and schematics, wider, underlined, out of the box
 
 
 @cache

@@ -125,6 +125,20 @@ class AxisStripParams:
 
 
 @dataclass(frozen=True)
+class HeadingParams:
+    # the top band is one line of text at most ``line`` label heights tall (a label's capital is
+    # shorter than a line with ascenders and descenders), spanning at most ``span`` of the panel,
+    # with no blank wider than ``word_gap`` label heights inside it (one phrase), set apart by
+    # ``min_gap`` label heights, over content at least ``min_rest`` times the band's height
+    line: float
+    span: float
+    word_gap: float
+    min_gap: float
+    min_rest: float
+    bracket_line: float  # label heights: a rule under the band this thin makes it a group header
+
+
+@dataclass(frozen=True)
 class MarkerParams:
     min_confidence: float  # candidates scoring lower are dropped
     min_score: dict[str, float]  # per kind, against the ideal shape (arrows: look-alikes abound)
@@ -179,6 +193,7 @@ class CpuParams:
     label_split: LabelSplitParams
     label_trim: LabelTrimParams
     axis_strips: AxisStripParams
+    headings: HeadingParams
     markers: MarkerParams
     regions: RegionParams
     postprocess: PostprocessParams
