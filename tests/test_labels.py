@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import matplotlib
 import numpy as np
 import pytest
@@ -678,3 +679,27 @@ def test_a_reading_of_another_style_between_confirmed_labels_takes_the_series_la
         for k, text in enumerate(["a", "b", "c", "6", "e"])
     ]
     assert assign_labels(panels, dets) == ["a", "b", "c", "d", "e"]
+
+
+def test_labels_sized_to_their_panels_are_read_where_the_figures_text_is_small() -> None:
+    """Large white letters on translucent dark plates in micrographs, in a figure whose text
+    unit (10 px: scale-bar text, texture) is a fifth of their height: the corner search sizes its
+    window and its glyphs to the panel, so each panel's letter is a candidate and reads."""
+    from p2p.mining.cpu.labels.read import _engine, _inside_candidates, _read
+
+    rng = np.random.default_rng(3)
+    boxes = [(0, 0, 420, 420), (436, 0, 856, 420), (0, 436, 420, 856), (436, 436, 856, 856)]
+    image = np.full((856, 856, 3), 255, dtype=np.uint8)
+    for x1, y1, x2, y2 in boxes:
+        image[y1:y2, x1:x2] = texture(rng, x2 - x1, y2 - y1, 150)
+    pil = Image.fromarray(image)
+    draw = ImageDraw.Draw(pil)
+    for text, (x1, y1, _, _) in zip("ABCD", boxes, strict=True):
+        plate = np.asarray(pil)[y1 + 6 : y1 + 80, x1 + 6 : x1 + 66].astype(float) * 0.35
+        pil.paste(Image.fromarray(plate.astype(np.uint8)), (x1 + 6, y1 + 6))
+        draw.text((x1 + 12, y1 + 4), text, fill=(255, 255, 255), font=font(64, "DejaVuSans.ttf"))
+    gray = cv2.cvtColor(np.asarray(pil), cv2.COLOR_RGB2GRAY)
+    panels = [tuple(float(v) for v in b) for b in boxes]
+    candidates = _inside_candidates(gray, panels, [0, 1, 2, 3], 10.0)  # type: ignore[arg-type]
+    read = {k: d.text.upper() for k, d in _read(_engine(), candidates, 0.3)}
+    assert read == {0: "A", 1: "B", 2: "C", 3: "D"}

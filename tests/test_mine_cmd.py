@@ -139,3 +139,30 @@ def test_the_miner_shrinks_a_large_figure_and_answers_in_its_pixels(
     for panel in result.panels:
         assert 0 <= panel.box[0] < panel.box[2] <= image.shape[1]
         assert 0 <= panel.box[1] < panel.box[3] <= image.shape[0]
+
+
+def test_eval_mining_scores_shrunk_copies_against_the_full_size_truth(tmp_path: Path) -> None:
+    from p2p.mining.lab.evaluate import shrunk
+
+    seen: list[tuple[int, int]] = []
+
+    def whole(image: np.ndarray, caption: str) -> MiningResult:
+        seen.append(image.shape[:2])
+        height, width = image.shape[:2]
+        panel = MinedPanel((0.0, 0.0, float(width), float(height)), None, None, "image", 0.9, 0.9)
+        return MiningResult(width, height, [panel], [], [], {}, [])
+
+    result = shrunk(whole, 300)(np.zeros((600, 900, 3), np.uint8), "")
+    assert seen == [(200, 300)] and result.panels[0].box == (0.0, 0.0, 900.0, 600.0)
+    assert shrunk(whole, 300)(np.zeros((100, 120, 3), np.uint8), "").width == 120  # small: as is
+    out = tmp_path / "synthetic"
+    assert runner.invoke(app, ["synth", str(out), "--count", "2", "--seed", "5"]).exit_code == 0
+    report_path = tmp_path / "report.json"
+    args = ["eval", "mining", "--dir", str(out), "--out", str(report_path), "--shrink-to", "240"]
+    result_cli = runner.invoke(app, args)
+    assert result_cli.exit_code == 0, result_cli.output
+    report = json.loads(report_path.read_text())
+    assert report["cpu"]["shrink_to"] == 240 and report["naive_xycut"]["shrink_to"] == 240
+    assert report["cpu"]["figures"] == 2
+    assert any("boxes mapped back" in " ".join(f["notes"]) for f in report["cpu"]["per_figure"])
+    assert runner.invoke(app, [*args[:-1], "4"]).exit_code == 2  # no copy smaller than 8 px

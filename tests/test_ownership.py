@@ -418,3 +418,55 @@ def test_without_labels_an_arrow_across_a_gap_joins_two_pictures_not_a_third() -
     halves = [PanelCandidate(box=(10.0, 10.0, 210.0, 210.0)), PanelCandidate(box=(210.0, 10.0, 410.0, 210.0))]
     kept, _, _ = own_panels(touching, halves, [None, None], [], named=[])
     assert kept == halves
+
+
+def test_one_label_read_of_several_the_caption_names_looks_for_the_rest() -> None:
+    """Rows of pictures with their letters in a margin column; only B is read. The caption names
+    A-C, so the lone letters A and C are looked for, and each label owns its row's pictures."""
+    from PIL import Image, ImageDraw
+
+    from tests.test_labels import font
+
+    picture = Image.new("RGB", (520, 420), "white")
+    draw = ImageDraw.Draw(picture)
+    rows = {"A": 20, "B": 150, "C": 280}
+    pieces: list[Box] = []
+    read = []
+    for letter, top in rows.items():
+        draw.text((8, top), letter, fill="black", font=font(22))
+        row = [(60, top + 4, 270, top + 114), (290, top + 4, 500, top + 114)]
+        for k, box in enumerate(row):
+            draw.rectangle(box, fill=(70 + 30 * k, 90, 110))
+        pieces += row
+        if letter == "B":
+            box = tuple(float(v) for v in draw.textbbox((8, top), letter, font=font(22)))
+            read.append(LabelDetection(text=letter, box=box, confidence=0.9, raw=letter))  # type: ignore[arg-type]
+    image = np.asarray(picture)
+    candidates = [PanelCandidate(box=tuple(float(v) for v in p), confidence=0.9) for p in pieces]
+    labels: list[str | None] = [None, None, "B", None, None, None]
+    panels, owned, _ = own_panels(image, candidates, labels, read, named=["A", "B", "C"])
+    assert sorted(owned, key=str) == ["A", "B", "C"]
+    for panel, label in zip(panels, owned, strict=True):
+        top = rows[str(label)]
+        assert _near(panel.box, (60, top + 4, 501, top + 115), tol=4)
+    # read alone, with no caption naming more, one label is no series: the pieces stand
+    assert own_panels(image, candidates, labels, read, named=[])[0] == candidates
+
+
+def test_a_bar_too_thin_to_read_is_the_series_missing_i() -> None:
+    """A small copy's I is a bar two pixels wide that the recogniser reads as nothing. With H and
+    J read and I missing, the figure's only solid lone bar is the I (``_solid_bar``)."""
+    image, read = _letters_over_pictures("GHIJ", "GHJ", face="DejaVuSans.ttf", size=16)
+    image = image.copy()
+    image[10:60, 280:330] = 255  # the font's I, replaced by the bar a shrunk copy leaves of it:
+    h = round(read[0].box[3] - read[0].box[1])  # two grey columns, as tall as the letters,
+    top = round(read[0].box[1])  # lighter at both ends
+    image[top : top + h, 300] = 105
+    image[top : top + h, 301] = 47
+    image[top, 300:302] = ((142,) * 3, (98,) * 3)
+    image[top + h - 1, 300:302] = ((201,) * 3, (181,) * 3)
+    ink, factor = working_ink(image)
+    found = unread_labels(image, ink, factor, read, [])
+    assert [(d.text, d.box[0]) for d in found] == [("I", 300.0)]
+    # no bar is taken where the series does not run past I
+    assert unread_labels(image, ink, factor, read[:2], []) == []

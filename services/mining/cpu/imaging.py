@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the network (and torch) load only where boundary maps are m
 INK_THRESHOLD = 225  # darkest channel below this = ink (as in the annotation notes)
 MIN_SIDE = 8  # figures smaller than this are one panel (when they hold ink) or nothing
 SPECK_AREA = 4  # ink components this small (px) are noise
+LABEL_SHARE = 0.12  # of a panel's shorter side: the tallest label printed inside it
 
 IntBox = tuple[int, int, int, int]  # x1, y1, x2, y2 with x2/y2 exclusive
 
@@ -302,6 +303,7 @@ def corner_glyphs(
     *,
     otsu: bool = True,
     grow: bool = False,
+    panel_scale: bool = False,
 ) -> list[CornerGlyph]:
     """Isolated, high-contrast glyph groups (either polarity) near the corners inside ``box``.
 
@@ -314,7 +316,10 @@ def corner_glyphs(
     # in a figure of images only, "glyphs" found by the text unit are texture: labels are smaller
     u = min(u, max(8.0, 0.02 * max(gray.shape)))
     side = min(x2 - x1, y2 - y1)
-    size = int(np.clip(0.3 * side, 3.0 * u, 8.0 * u))
+    # ``panel_scale``: labels sized to the panel, not to the figure's text (large letters on
+    # micrographs in a figure whose only text is small), fit in the window and pass as glyphs
+    tallest = max(4.0 * u, LABEL_SHARE * side) if panel_scale else 4.0 * u
+    size = int(np.clip(0.3 * side, 3.0 * u, max(8.0 * u, 1.6 * tallest) if panel_scale else 8.0 * u))
     size = min(size, x2 - x1, y2 - y1)
     out: list[CornerGlyph] = []
     if size < 8:
@@ -339,7 +344,7 @@ def corner_glyphs(
             fraction = float(text_mask.mean())
             if fraction == 0.0 or fraction > 0.3:
                 continue
-            for glyph in glyph_groups(crop, text_mask, u, corner, calm, grow):
+            for glyph in glyph_groups(crop, text_mask, u, corner, calm, grow, tallest):
                 wx1, wy1, wx2, wy2 = glyph[0]
                 if any(overlaps(glyph[0], other) for other in seen):
                     continue
@@ -431,15 +436,22 @@ def line_mates(labels: np.ndarray, stats: np.ndarray, cid: int, size: int, grow:
 
 
 def glyph_groups(
-    crop: np.ndarray, text_mask: np.ndarray, u: float, corner: str, calm: bool, grow: bool = False
+    crop: np.ndarray,
+    text_mask: np.ndarray,
+    u: float,
+    corner: str,
+    calm: bool,
+    grow: bool = False,
+    tallest: float | None = None,
 ) -> list[tuple[IntBox, IntBox, np.ndarray]]:
     size = crop.shape[0]
+    tallest = 4.0 * u if tallest is None else tallest
     n, labels, stats, _ = cv2.connectedComponentsWithStats(text_mask.astype(np.uint8), connectivity=8)
     found: list[tuple[IntBox, IntBox, np.ndarray]] = []
     inside_ring: set[int] = set()
     for cid in range(1, n):
         bx, by, bw, bh, area = (int(v) for v in stats[cid])
-        if not (max(5.0, 0.5 * u) <= bh <= 4.0 * u and bw <= 1.6 * bh + 2):
+        if not (max(5.0, 0.5 * u) <= bh <= tallest and bw <= 1.6 * bh + 2):
             continue
         if area < 0.45 * bw * bh and 0.7 <= bw / max(1, bh) <= 1.4:
             # a circle around the label: what it encloses is the glyph group

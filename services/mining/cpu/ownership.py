@@ -571,13 +571,15 @@ def own_panels(
     if not series and len(named) < 2:
         whole, whole_notes = whole_unlabelled(image, candidates)
         return whole, [None] * len(whole), whole_notes
-    if len(series) < 2:
+    if not series or (len(series) < 2 and len(named) < 2):
         return candidates, labels, []
     ink, factor = working_ink(image)
     upto = None if named else past_gap(detections, series) or next_letter(series)
     found = unread_labels(image, ink, factor, series, named, upto)
     # with the letters between found, a letter read past the gap joins the series
     series = series_labels(detections + found, named) if upto else series + found
+    if len(series) < 2:
+        return candidates, labels, []
     anchors = [
         Anchor(
             text=d.text,

@@ -172,6 +172,21 @@ def score_figure(
     )
 
 
+def shrunk(miner: Miner, max_side: int) -> Miner:
+    """``miner`` run on a copy of each figure shrunk (area averaging) to ``max_side`` at most,
+    its result mapped back to the figure's pixels: how the miner does on small web copies of the
+    same figures, scored against the same truth."""
+    from p2p.mining.cpu.working_scale import map_back, shrink
+
+    def mine(image: np.ndarray, caption: str) -> MiningResult:
+        small = shrink(image, max_side)
+        if small is None:
+            return miner(image, caption)
+        return map_back(miner(small, caption), image.shape[1], image.shape[0])
+
+    return mine
+
+
 def evaluate_folder(
     folder: Path, miner: Miner, *, limit: int | None = None, split: str | None = None
 ) -> dict[str, Any]:

@@ -596,7 +596,7 @@ def _inside_candidates(gray: np.ndarray, panels: list[Box], indices: list[int], 
     for corners in (("tl",), ("tr", "bl", "br")):
         for k in indices:
             x1, y1, x2, y2 = (round(v) for v in panels[k])
-            for glyph in corner_glyphs(gray, (x1, y1, x2, y2), u, corners, grow=True):
+            for glyph in corner_glyphs(gray, (x1, y1, x2, y2), u, corners, grow=True, panel_scale=True):
                 found.setdefault(glyph.corner, {}).setdefault(k, []).append(glyph)
         if len(found.get("tl", {})) >= max(1, 0.5 * len(indices)):
             break

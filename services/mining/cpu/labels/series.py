@@ -24,6 +24,7 @@ MIN_LABEL_CONFIDENCE = 0.3  # reads below this own nothing unless the caption na
 MAX_SERIES_GAP = 2  # letters missing in a row before the series is taken to have ended
 BAR_READINGS = frozenset({"I", "i", "l", "1", "|"})
 BAR_WIDTH = 0.3  # of its height: a bar glyph no wider than this is a sans-serif I
+SOLID_BAR = 0.85  # of its box a bar's ink fills (an l's hook or a 1's flag leave more blank)
 MAX_GLYPH_READS = 48  # lone glyphs read in search of unread labels, likeliest sizes first
 
 
@@ -136,7 +137,21 @@ def unread_labels(
             continue
         if key not in best or det.confidence > best[key].confidence:
             best[key] = LabelDetection(text=missing[key], box=det.box, confidence=det.confidence, raw=det.raw)
+    if "i" in missing and "i" not in best and any(d.text.lower() > "i" for d in series):
+        # a bar one or two pixels wide (a small copy's I) gives the recogniser nothing to read;
+        # the only solid lone bar in a figure whose series runs past I is that I
+        bars = [box for box in found if _solid_bar(ink, factor, box)]
+        if len(bars) == 1:
+            box = tuple(float(v) for v in bars[0])
+            best["i"] = LabelDetection(text=missing["i"], box=box, confidence=MIN_LABEL_CONFIDENCE, raw="|")  # type: ignore[arg-type]
     return list(best.values())
+
+
+def _solid_bar(ink: np.ndarray, factor: int, box: IntBox) -> bool:
+    """An upright bar: no wider than a sans-serif I and nearly all ink (figure-pixel ``box``)."""
+    x1, y1, x2, y2 = (v // factor for v in box)
+    width, height = x2 - x1, y2 - y1
+    return 0 < width <= BAR_WIDTH * height and float(ink[y1:y2, x1:x2].mean()) >= SOLID_BAR
 
 
 def next_letter(series: list[LabelDetection]) -> str | None:
