@@ -164,6 +164,22 @@ def test_series_keeps_one_run_of_labels() -> None:
     assert series_labels([det("2"), det("7")], []) == []
 
 
+def test_a_letter_past_a_gap_printed_before_the_last_label_is_no_label() -> None:
+    """Labels A-J in a 4-column grid; an "M" read in a heading of the top row is past a gap of
+    two letters, but the figure prints it before J: it is text, not the series' next label."""
+
+    def at(text: str, x: float, y: float) -> LabelDetection:
+        return LabelDetection(text=text, box=(x, y, x + 20.0, y + 30.0), confidence=0.9)
+
+    grid = [at(letter, 300.0 * (k % 4), 400.0 * (k // 4)) for k, letter in enumerate("ABCDEFGHIJ")]
+    heading = at("M", 700.0, 150.0)
+    assert [d.text for d in series_labels([*grid, heading], [])] == list("ABCDEFGHIJ")
+    after = at("M", 900.0, 800.0)  # printed after J: the series goes on past the gap
+    assert [d.text for d in series_labels([*grid, after], [])][-1] == "M"
+    # a single missing letter is not checked: "C" above "A" still follows it in the series
+    assert [d.text for d in series_labels([at("A", 0, 400), at("C", 300, 0)], [])] == ["A", "C"]
+
+
 def test_without_labels_only_clear_gutters_separate_panels() -> None:
     # one diagram: boxes in a row joined by gaps no wider than the gaps inside them
     diagram = _canvas(500, 200)
@@ -455,7 +471,8 @@ def test_one_label_read_of_several_the_caption_names_looks_for_the_rest() -> Non
 
 def test_a_bar_too_thin_to_read_is_the_series_missing_i() -> None:
     """A small copy's I is a bar two pixels wide that the recogniser reads as nothing. With H and
-    J read and I missing, the figure's only solid lone bar is the I (``_solid_bar``)."""
+    J read and I missing, the figure's only solid lone bar is the I (``_solid_bar``); so it is
+    where I is the letter looked for after the last read."""
     image, read = _letters_over_pictures("GHIJ", "GHJ", face="DejaVuSans.ttf", size=16)
     image = image.copy()
     image[10:60, 280:330] = 255  # the font's I, replaced by the bar a shrunk copy leaves of it:
@@ -468,5 +485,10 @@ def test_a_bar_too_thin_to_read_is_the_series_missing_i() -> None:
     ink, factor = working_ink(image)
     found = unread_labels(image, ink, factor, read, [])
     assert [(d.text, d.box[0]) for d in found] == [("I", 300.0)]
-    # no bar is taken where the series does not run past I
+    # with G and H read, the bar is the I only where the series expects one: the letter after H
     assert unread_labels(image, ink, factor, read[:2], []) == []
+    assert [d.text for d in unread_labels(image, ink, factor, read[:2], [], "I")] == ["I"]
+    # two such bars: which one is the I is not clear, and neither is taken
+    image[top : top + h, 230:232] = image[top : top + h, 300:302]
+    ink, factor = working_ink(image)
+    assert unread_labels(image, ink, factor, read, []) == []

@@ -11,6 +11,8 @@ and those looked for again among lone glyphs of the labels' size.
 
 from __future__ import annotations
 
+import itertools
+
 import cv2
 import numpy as np
 
@@ -59,9 +61,32 @@ def series_labels(detections: list[LabelDetection], named: list[str]) -> list[La
         index = ord(det.text.lower()) - ord("a")
         if index - expected > MAX_SERIES_GAP:
             break
+        if index - expected >= 2 and kept and not _follows(det, kept):
+            # a letter past two or more missing that the figure prints before the last one read
+            # is text ("M" in a heading after labels A-J)
+            break
         kept.append(det)
         expected = index + 1
     return kept + _sub_labels(detections, kept)
+
+
+def _follows(det: LabelDetection, kept: list[LabelDetection]) -> bool:
+    """``det`` lies after the last of ``kept`` in the order the kept labels follow: by rows
+    (below, or on the line to the right) or by columns. Without one clear order, it may."""
+    by_rows = all(_after(b, a, rows=True) for a, b in itertools.pairwise(kept))
+    by_columns = all(_after(b, a, rows=False) for a, b in itertools.pairwise(kept))
+    if not (by_rows or by_columns):
+        return True
+    last = kept[-1]
+    return (by_rows and _after(det, last, rows=True)) or (by_columns and _after(det, last, rows=False))
+
+
+def _after(det: LabelDetection, last: LabelDetection, *, rows: bool) -> bool:
+    (x1, y1, _, _), (lx1, ly1, _, ly2) = det.box, last.box
+    line = 0.5 * (ly2 - ly1)
+    if rows:
+        return y1 > ly1 + line or (abs(y1 - ly1) <= line and x1 > lx1)
+    return x1 > lx1 + line or (abs(x1 - lx1) <= line and y1 > ly1)
 
 
 def _sub_labels(detections: list[LabelDetection], kept: list[LabelDetection]) -> list[LabelDetection]:
@@ -137,9 +162,9 @@ def unread_labels(
             continue
         if key not in best or det.confidence > best[key].confidence:
             best[key] = LabelDetection(text=missing[key], box=det.box, confidence=det.confidence, raw=det.raw)
-    if "i" in missing and "i" not in best and any(d.text.lower() > "i" for d in series):
+    if "i" in missing and "i" not in best:
         # a bar one or two pixels wide (a small copy's I) gives the recogniser nothing to read;
-        # the only solid lone bar in a figure whose series runs past I is that I
+        # the only solid lone bar in a figure whose series expects an I is that I
         bars = [box for box in found if _solid_bar(ink, factor, box)]
         if len(bars) == 1:
             box = tuple(float(v) for v in bars[0])
