@@ -17,9 +17,10 @@ import numpy as np
 from p2p.mining.captions import find_marker_mentions, split_caption
 from p2p.mining.cpu.context import Stage, StageContext, check_order
 from p2p.mining.cpu.headings import without_top_heading
+from p2p.mining.cpu.imaging import full_size_analysis
 from p2p.mining.cpu.labels.read import assign_labels, find_labels, reading_order, warm_up
 from p2p.mining.cpu.labels.split import split_at_labels
-from p2p.mining.cpu.labels.sub import gray_and_text_unit, split_sub_labelled
+from p2p.mining.cpu.labels.sub import split_sub_labelled
 from p2p.mining.cpu.labels.trim import trim_labels
 from p2p.mining.cpu.markers.net import shipped_fusion
 from p2p.mining.cpu.markers.net import shipped_net as shipped_marker_net
@@ -233,17 +234,18 @@ class _LabelStage:
     params: LabelParams
 
     def __call__(self, ctx: StageContext) -> None:
-        ctx.detections = find_labels(ctx.image, ctx.candidates, analysis=ctx.analysis, params=self.params)
+        analysis = ctx.analysis
+        full_size = analysis is not None and analysis.mask.shape == ctx.image.shape[:2]
+        ctx.full_look = analysis if full_size else full_size_analysis(ctx.image)
+        ctx.detections = find_labels(ctx.image, ctx.candidates, analysis=ctx.full_look, params=self.params)
         ctx.labels = assign_labels(ctx.candidates, ctx.detections, params=self.params)
 
 
 def _sub_labels(ctx: StageContext) -> None:
     """Grids of pictures labelled picture by picture ("c1", "c2" ...) cut into their pictures."""
-    analysis = ctx.analysis
-    if analysis is not None and analysis.gray.shape == ctx.image.shape[:2]:
-        gray, u = analysis.gray, analysis.u
-    else:  # segmented on a downscale: the corners are read at full size
-        gray, u = gray_and_text_unit(ctx.image)
+    look = ctx.full_look
+    assert look is not None  # the label stage made it
+    gray, u = look.gray, look.u
     ctx.candidates, ctx.labels, ctx.detections = split_sub_labelled(
         gray, ctx.candidates, ctx.labels, ctx.detections, u=u, named=ctx.named
     )
@@ -481,10 +483,15 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
     stages = (
         Stage("caption_names", ("caption",), ("named",), _named),
         Stage("segment", ("image", "named"), ("candidates", "analysis"), _SegmentStage(p)),
-        Stage("labels", ("image", "candidates", "analysis"), ("detections", "labels"), _LabelStage(p.labels)),
+        Stage(
+            "labels",
+            ("image", "candidates", "analysis"),
+            ("detections", "labels", "full_look"),
+            _LabelStage(p.labels),
+        ),
         Stage(
             "panels_sub_labels",
-            ("image", "candidates", "labels", "detections", "named", "analysis"),
+            ("image", "candidates", "labels", "detections", "named", "full_look"),
             ("candidates", "labels", "detections"),
             _sub_labels,
         ),

@@ -33,6 +33,9 @@ class StageContext:
     caption: str
     named: list[str] = field(default_factory=list)  # the labels the caption names, in its order
     analysis: Analysis | None = None  # the segmenter's look at the figure (at its own size)
+    # the figure at its own size, as the label reader saw it: the segmenter's analysis, or the
+    # reader's own where the segmenter worked on a downscale (made once, read by later stages)
+    full_look: Analysis | None = None
     candidates: list[PanelCandidate] = field(default_factory=list)
     labels: list[str | None] = field(default_factory=list)  # one per candidate
     detections: list[LabelDetection] = field(default_factory=list)  # labels read in the image

@@ -161,6 +161,17 @@ class Analysis:
     ink: np.ndarray | None = None
 
 
+def full_size_analysis(rgb: np.ndarray) -> Analysis:
+    """The figure's grey, ink, glyphs and text unit at its own size, as the label reader measures
+    them (the segmenter's analysis is at its size only when it did not work on a downscale)."""
+    gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+    mask = ink_mask(rgb).astype(np.uint8)
+    _, cc_labels, cc_stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    height, width = gray.shape
+    u = text_unit(cc_stats, height, width)
+    return Analysis(gray=gray, mask=mask, glyphs=label_candidates(mask, cc_labels, cc_stats, u), u=u)
+
+
 def label_candidates(mask_u8: np.ndarray, labels: np.ndarray, stats: np.ndarray, u: float) -> Glyphs:
     """Glyph groups that may be panel labels: glyph-sized, at most four glyphs on one line ("a",
     "(a)", "1a", "ii", "A."), with nothing to their left or just above them."""

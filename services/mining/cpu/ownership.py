@@ -87,20 +87,40 @@ class Anchor:
         return ((self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2)
 
 
-def faint_ink(image: np.ndarray, threshold: int) -> np.ndarray:
-    """Ink down to faint greys: light renderings (a grey body outline, a pale stain) are content
-    a reader sees; the segmenter's threshold leaves them out."""
-    rgb = np.ascontiguousarray(image[..., :3])
-    darkest = np.minimum(np.minimum(rgb[:, :, 0], rgb[:, :, 1]), rgb[:, :, 2])
-    mask = ink_mask(rgb)
-    if mask.mean() > 0.5:  # a dark canvas: its own reading stands
-        return mask
-    return np.asarray(darkest < threshold)
-
-
 def working_ink(image: np.ndarray, threshold: int = INK_THRESHOLD) -> tuple[np.ndarray, int]:
     """The figure's ink at working scale (a block is ink if any pixel in it is) and the factor."""
-    mask = faint_ink(image, threshold)
+    return FigureInk(image).working(threshold)
+
+
+class FigureInk:
+    """A figure's ink masks, each made once: ownership reads the same masks at two thresholds,
+    at full size and at working scale. Every mask handed out is the caller's own copy.
+
+    ``faint``: ink down to faint greys; light renderings (a grey body outline, a pale stain) are
+    content a reader sees, and the segmenter's threshold leaves them out."""
+
+    def __init__(self, image: np.ndarray) -> None:
+        rgb = np.ascontiguousarray(image[..., :3])
+        self._darkest = np.minimum(np.minimum(rgb[:, :, 0], rgb[:, :, 1]), rgb[:, :, 2])
+        mask = ink_mask(rgb)
+        self._canvas = mask if mask.mean() > 0.5 else None  # a dark canvas: its own reading stands
+        self._faint: dict[int, np.ndarray] = {}
+        self._working: dict[int, tuple[np.ndarray, int]] = {}
+
+    def faint(self, threshold: int) -> np.ndarray:
+        if threshold not in self._faint:
+            canvas = self._canvas
+            self._faint[threshold] = canvas if canvas is not None else np.asarray(self._darkest < threshold)
+        return self._faint[threshold].copy()
+
+    def working(self, threshold: int = INK_THRESHOLD) -> tuple[np.ndarray, int]:
+        if threshold not in self._working:
+            self._working[threshold] = _at_working_scale(self.faint(threshold))
+        mask, factor = self._working[threshold]
+        return mask.copy(), factor
+
+
+def _at_working_scale(mask: np.ndarray) -> tuple[np.ndarray, int]:
     height, width = mask.shape
     factor = max(1, math.ceil(max(height, width) / WORK_SIDE))
     if factor > 1:
@@ -494,7 +514,8 @@ def whole_unlabelled(
     are a row or grid of panels, and a picture among them stands apart from whatever is beside
     it: then the pieces stay as the segmenter found them. Pieces that strokes join (one
     drawing's steps and its arrows, ``stroke_groups``) are one piece first."""
-    ink, factor = working_ink(image)
+    masks = FigureInk(image)
+    ink, factor = masks.working()
     # steps of one drawing joined by arrows are one panel, however alike or pictorial they are
     pieces = len(candidates)
     candidates = _joined(ink, factor, candidates)
@@ -507,8 +528,8 @@ def whole_unlabelled(
         return candidates, notes
     if len(candidates) > 1 and any(_picture(ink, factor, c.box) for c in candidates):
         return candidates, notes
-    faint, _ = working_ink(image, FAINT_THRESHOLD)
-    full = faint_ink(image, FAINT_THRESHOLD)
+    faint, _ = masks.working(FAINT_THRESHOLD)
+    full = masks.faint(FAINT_THRESHOLD)
     parts, close = separate_parts(ink, (0, 0, ink.shape[1], ink.shape[0]))
     if not parts:
         return candidates, notes
@@ -573,7 +594,8 @@ def own_panels(
         return whole, [None] * len(whole), whole_notes
     if not series or (len(series) < 2 and len(named) < 2):
         return candidates, labels, []
-    ink, factor = working_ink(image)
+    masks = FigureInk(image)
+    ink, factor = masks.working()
     upto = None if named else past_gap(detections, series) or next_letter(series)
     found = unread_labels(image, ink, factor, series, named, upto)
     # with the letters between found, a letter read past the gap joins the series
@@ -595,7 +617,7 @@ def own_panels(
     parts = label_parts(ink, anchors)
     if len(parts) < 2 and len(parts[0][1]) < 2:
         return candidates, labels, []
-    out, out_labels, notes = _panels_of_parts(image, ink, factor, parts, candidates, labels)
+    out, out_labels, notes = _panels_of_parts(image, masks, ink, factor, parts, candidates, labels)
     if not out:
         return candidates, labels, []
     expected = max(len(named), len(expected_letters(series, named)), len(series))
@@ -610,6 +632,7 @@ def own_panels(
 
 def _panels_of_parts(
     image: np.ndarray,
+    masks: FigureInk,
     ink: np.ndarray,
     factor: int,
     parts: list[tuple[IntBox, list[Anchor]]],
@@ -619,8 +642,8 @@ def _panels_of_parts(
     """One panel per part with one label. A part several labels share keeps the segmenter's
     pieces inside it where they give each label one piece; otherwise its content is shared out
     piece by piece (``_shared_part``), or, when that fails, the pieces stay as they are."""
-    faint, _ = working_ink(image, FAINT_THRESHOLD)
-    full = faint_ink(image, FAINT_THRESHOLD)
+    faint, _ = masks.working(FAINT_THRESHOLD)
+    full = masks.faint(FAINT_THRESHOLD)
     for a in (a for _, owners in parts for a in owners):
         # a label glyph is no panel's content, whichever part it stands in (one hanging
         # before a gutter stands in its neighbour's)

@@ -43,9 +43,7 @@ from p2p.mining.cpu.imaging import (
     CornerGlyph,
     as_rgb,
     corner_glyphs,
-    ink_mask,
-    label_candidates,
-    text_unit,
+    full_size_analysis,
 )
 from p2p.mining.params import LabelParams, load_params
 from p2p.mining.types import LabelDetection, PanelCandidate
@@ -673,15 +671,9 @@ def find_labels(
     if not panels or height < 8 or width < 8:
         return []
     boxes = [geometry.clip(p.box, width, height) for p in panels]
-    known = analysis
-    if known is not None and known.mask.shape == (height, width):
-        gray, glyphs, u = known.gray, known.glyphs, known.u
-    else:
-        gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
-        mask = ink_mask(rgb).astype(np.uint8)
-        _, cc_labels, cc_stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-        u = text_unit(cc_stats, height, width)
-        glyphs = label_candidates(mask, cc_labels, cc_stats, u)
+    known = analysis if analysis is not None and analysis.mask.shape == (height, width) else None
+    look = known or full_size_analysis(rgb)
+    gray, glyphs, u = look.gray, look.glyphs, look.u
     cc_labels = glyphs.labels
     # words in the gutters or at a panel's top-left corner; text deep inside a panel is content
     words = []

@@ -19,10 +19,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
-from p2p.mining.cpu.imaging import corner_glyphs, ink_mask, text_unit
+from p2p.mining.cpu.imaging import corner_glyphs, full_size_analysis
 from p2p.mining.cpu.labels.read import read_corner_glyphs
 from p2p.mining.types import LabelDetection, PanelCandidate
 
@@ -67,10 +66,8 @@ def as_sub_label(text: str) -> SubLabel | None:
 
 def gray_and_text_unit(image: np.ndarray) -> tuple[np.ndarray, float]:
     """The figure in grey and its text unit, as the label reader measures them."""
-    gray = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
-    mask = ink_mask(image).astype(np.uint8)
-    _, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-    return gray, float(text_unit(stats, gray.shape[0], gray.shape[1]))
+    look = full_size_analysis(image)
+    return look.gray, float(look.u)
 
 
 def _runs(light: np.ndarray) -> list[tuple[int, int]]:
