@@ -23,8 +23,9 @@ from pydantic_core import to_json
 from starlette.datastructures import UploadFile as StarletteUpload
 
 from p2p.embedding_api import service
-from p2p.embedding_api.deps import ModelState, ModelStateDep, ReadPrincipal, RuntimeDep
+from p2p.embedding_api.deps import ModelState, ModelStateDep, ReadPrincipal, RuntimeDep, get_model_state
 from p2p.embedding_api.schemas import EmbedPublic, TextEmbedCreate
+from p2p.shared.deps import get_runtime
 from p2p.shared.errors import InvalidInput
 from p2p.shared.settings import Settings
 
@@ -156,11 +157,12 @@ async def read_image_form(request: Request) -> tuple[list[tuple[str, bytes]], li
 
 
 @router.post("/images", response_model=EmbedPublic, responses=_ANSWERS, openapi_extra=_IMAGES_BODY)
-async def embed_images(
-    request: Request, runtime: RuntimeDep, state: ModelStateDep, _: ReadPrincipal
-) -> Response:
+async def embed_images(request: Request, _: ReadPrincipal) -> Response:
     """Image embeddings: uploaded files first, then stored items, in the order sent. Uploads are
     decoded and preprocessed on the batcher's preparation pool, beside the model."""
+    # Read here, not declared: each dependency FastAPI resolves costs ~10 us of the event loop
+    # per request (bench/README.md, embedding).
+    runtime, state = await get_runtime(request), await get_model_state(request)
     uploads, object_ids = await read_image_form(request)
     ids = [part.strip() for raw in object_ids for part in raw.split(",") if part.strip()]
     limit = runtime.settings.embedding.max_images
