@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from python_multipart.multipart import parse_options_header
 from sqlalchemy import exc as sa_exc
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from p2p.shared.errors import P2PError, error_body
@@ -197,8 +201,6 @@ class _TextPartWatcher:
         self._header_name = self._header_value = b""
 
     def _headers_done(self) -> None:
-        from python_multipart.multipart import parse_options_header
-
         _, options = parse_options_header(self._disposition)
         self._name = options.get(b"name", b"").decode("latin-1")
         self._text = None if b"filename" in options else bytearray()
@@ -216,11 +218,40 @@ class _TextPartWatcher:
             self.bad_field = self._name
 
 
+class _StrictMultiPartParser(MultiPartParser):
+    """Starlette's multipart parser, refusing (422) a text part that is not UTF-8 where Starlette
+    would decode it as Latin-1: the check the edge's watcher makes, in the one parse."""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidFormText(part.field_name) from None
+        super().on_part_end()
+
+
+async def read_form(request: Request) -> FormData:
+    """The request's form, as ``request.form()`` reads it (same limits, a broken body 400), with
+    text parts that must be UTF-8 (422). A multipart body is parsed once: the edge's watcher,
+    which would follow the same bytes for the same check, stands down for this request."""
+    content_type, _ = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data":
+        return await request.form()
+    exchange = request.scope.get(_EXCHANGE_KEY)
+    if isinstance(exchange, _Exchange):
+        exchange.watcher = None
+    try:
+        async with aclosing(request.stream()) as stream:
+            return await _StrictMultiPartParser(request.headers, stream).parse()
+    except MultiPartException as exc:
+        raise StarletteHTTPException(status_code=400, detail=exc.message) from exc
+
+
 def _multipart_boundary(content_type: bytes) -> bytes | None:
     if content_type[:19].lower() != b"multipart/form-data":
         return None
-    from python_multipart.multipart import parse_options_header
-
     kind, options = parse_options_header(content_type)
     if kind == b"multipart/form-data" and options.get(b"boundary"):
         return bytes(options[b"boundary"])
@@ -265,6 +296,7 @@ def limit_body_size(app: FastAPI, *, max_body_bytes: int, per_path: dict[str, in
 
 
 _REQUEST_ID_HEADER = REQUEST_ID_HEADER.lower().encode()
+_EXCHANGE_KEY = "p2p.edge"  # the request's _Exchange, on its ASGI scope (read_form finds it there)
 _SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
@@ -360,7 +392,7 @@ class ApiEdge:
             await self.app(scope, receive, send)
             return
         began = time.perf_counter()
-        exchange = _Exchange(scope, receive, send, self.options)
+        exchange = scope[_EXCHANGE_KEY] = _Exchange(scope, receive, send, self.options)
         token = bind(request_id=exchange.request_id)
         metrics = self.options.metrics
         if metrics is not None:

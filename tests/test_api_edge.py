@@ -17,7 +17,7 @@ from p2p.apps.embedding import embedding_app
 from p2p.apps.ingest import ingest_app
 from p2p.shared.api import ApiEdge, _TextPartWatcher
 from p2p.shared.runtime import Runtime
-from tests.helpers import assert_error
+from tests.helpers import assert_error, image_bytes
 
 BOUNDARY = b"a1b2-c3d4"
 
@@ -127,3 +127,49 @@ def test_a_refusal_by_content_length_carries_the_request_id_and_the_security_hea
     assert refused.headers["X-Request-ID"] == "req-too-big"
     assert refused.json()["error"]["request_id"] == "req-too-big"
     assert refused.headers["x-content-type-options"] == "nosniff"
+
+
+def _multipart(fields: list[tuple[str, bytes, str | None]]) -> tuple[bytes, dict[str, str]]:
+    """A raw multipart body of (name, content, filename or None) parts, and its content type."""
+    body = b""
+    for name, content, filename in fields:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        body += (
+            b"--" + BOUNDARY + f"\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + content + b"\r\n"
+        )
+    body += b"--" + BOUNDARY + b"--\r\n"
+    return body, {"content-type": f"multipart/form-data; boundary={BOUNDARY.decode()}"}
+
+
+def test_forms_their_routes_read_are_parsed_once_and_still_refuse_text_that_is_not_utf8(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fed: list[int] = []
+    feed = _TextPartWatcher.feed
+    monkeypatch.setattr(
+        _TextPartWatcher, "feed", lambda self, chunk: (fed.append(len(chunk)), feed(self, chunk))
+    )
+    png = image_bytes()
+    with TestClient(ingest_app(runtime=runtime)) as ingest:
+        # POST /v1/figures reads its form with read_form: one parse, which checks the text itself.
+        body, headers = _multipart([("image", png, "f.png"), ("caption", b"Liver \xff cells", None)])
+        assert_error(ingest.post("/v1/figures", content=body, headers=headers), 422, "invalid_utf8")
+        body, headers = _multipart([("image", png, "f.png"), ("caption", "Liver café".encode(), None)])
+        assert ingest.post("/v1/figures", content=body, headers=headers).status_code == 202
+        assert fed == []  # the edge's watcher stood down
+        # A route with FastAPI Form parameters is still guarded by the watcher.
+        body, headers = _multipart([("kind", b"pmc\xff", None), ("file", b"x", "p.tar.gz")])
+        assert_error(ingest.post("/v1/batches/upload", content=body, headers=headers), 422, "invalid_utf8")
+        assert fed
+    fed.clear()
+    with TestClient(embedding_app(runtime=runtime)) as embedding:
+        body, headers = _multipart([("files", png, "f.png"), ("object_ids", b"\xfe", None)])
+        assert_error(embedding.post("/v1/embed/images", content=body, headers=headers), 422, "invalid_utf8")
+        body, headers = _multipart([("files", png, "f.png")])
+        assert embedding.post("/v1/embed/images", content=body, headers=headers).status_code == 200
+        # A broken body is still the 400 request.form() gives.
+        broken = {"content-type": "multipart/form-data; boundary=zz"}
+        assert_error(
+            embedding.post("/v1/embed/images", content=b"nonsense", headers=broken), 400, "bad_request"
+        )
+    assert fed == []

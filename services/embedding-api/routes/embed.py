@@ -25,6 +25,7 @@ from starlette.datastructures import UploadFile as StarletteUpload
 from p2p.embedding_api import service
 from p2p.embedding_api.deps import ModelState, ModelStateDep, ReadPrincipal, RuntimeDep, get_model_state
 from p2p.embedding_api.schemas import EmbedPublic, TextEmbedCreate
+from p2p.shared.api import read_form
 from p2p.shared.deps import get_runtime
 from p2p.shared.errors import InvalidInput
 from p2p.shared.settings import Settings
@@ -141,7 +142,7 @@ async def read_image_form(request: Request) -> tuple[list[tuple[str, bytes]], li
     """The request's uploads (``files``: name and bytes, in order) and ``object_ids`` values, read
     from the form directly: declared as ``File``/``Form`` parameters, FastAPI re-validated them on
     every request, a third of the event loop's CPU per one-image request (bench/README.md)."""
-    form = await request.form()
+    form = await read_form(request)
     try:
         uploads: list[tuple[str, bytes]] = []
         for part in form.getlist("files"):

@@ -13,6 +13,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from p2p.ingest.deps import IngestPrincipal, ReadPrincipal, SessionDep, get_runtime
 from p2p.ingest.service import ingest_one
+from p2p.shared.api import read_form
 from p2p.shared.db.models import Figure, FigureStatus, Panel
 from p2p.shared.errors import InvalidInput, NotFound, PayloadTooLarge
 from p2p.shared.schemas import MAX_OFFSET, FigureAccepted, FigureMetadata, FigurePublic
@@ -122,7 +123,7 @@ async def post_figure(request: Request, response: Response, _: IngestPrincipal) 
     # The runtime is read here, not declared: each dependency FastAPI resolves costs ~10 us of the
     # event loop per request (bench/README.md, embedding).
     runtime = await get_runtime(request)
-    form = await request.form()
+    form = await read_form(request)
     try:
         upload = check_figure_form(form)
         settings = runtime.settings
