@@ -232,8 +232,8 @@ class LookingDispatcher:
     """A dispatcher that reads the job's row from a connection of its own when asked to send it
     (what a worker would find), then accepts, refuses (False) or fails as told."""
 
-    def __init__(self, runtime: Runtime, *, answer: bool | Exception = True) -> None:
-        self.runtime, self.answer = runtime, answer
+    def __init__(self, runtime: Runtime, *, answer: bool | Exception = True, takes: bool = True) -> None:
+        self.runtime, self.answer, self.takes = runtime, answer, takes  # takes: what accepts() says
         self.sent: list[str] = []
         self.seen_enqueued_at: list[object] = []
 
@@ -249,6 +249,9 @@ class LookingDispatcher:
         if self.answer:
             self.sent.append(args[0])
         return self.answer
+
+    def accepts(self, task_name: str, queue: str) -> bool:
+        return self.takes
 
     def ping(self) -> None: ...
 
@@ -298,22 +301,34 @@ def test_a_new_figure_is_one_commit_and_its_job_is_stamped_sent_before_the_publi
 
 
 @pytest.mark.parametrize("store_kind", ["local"], indirect=True)
-@pytest.mark.parametrize("answer", [False, ConnectionError("broker down")], ids=["refused", "down"])
+@pytest.mark.parametrize(
+    ("answer", "takes"),
+    [(False, True), (ConnectionError("broker down"), True), (False, False)],
+    ids=["refused", "down", "not-served-here"],
+)
 def test_a_job_the_broker_did_not_take_reads_as_never_sent_and_the_next_upload_sends_it(
-    own_dispatcher: Runtime, answer: bool | Exception
+    own_dispatcher: Runtime, answer: bool | Exception, takes: bool
 ) -> None:
     from p2p.shared.errors import P2PError
 
     runtime = own_dispatcher
-
     data = image_bytes("PNG", (300, 200), seed=92)
-    runtime.dispatcher = LookingDispatcher(runtime, answer=answer)  # type: ignore[assignment]
-    if isinstance(answer, Exception):
-        with pytest.raises(P2PError) as refused:
-            _ingest(runtime, data, "not taken")
-        assert refused.value.status_code == 503 and refused.value.error_type == "broker_unavailable"
-    else:
-        assert _ingest(runtime, data, "not taken").job.enqueued_at is None
+    runtime.dispatcher = LookingDispatcher(runtime, answer=answer, takes=takes)  # type: ignore[assignment]
+    commits: list[int] = []
+    listener = lambda _conn: commits.append(1)  # noqa: E731
+    event.listen(runtime.engine, "commit", listener)
+    try:
+        if isinstance(answer, Exception):
+            with pytest.raises(P2PError) as refused:
+                _ingest(runtime, data, "not taken")
+            assert refused.value.status_code == 503 and refused.value.error_type == "broker_unavailable"
+        else:
+            assert _ingest(runtime, data, "not taken").job.enqueued_at is None
+    finally:
+        event.remove(runtime.engine, "commit", listener)
+    # A dispatcher that says beforehand it will not take the job (an in-process queue that does not
+    # serve mining) costs no stamp to clear: one commit. Otherwise the stamp is cleared in a second.
+    assert len(commits) == (2 if takes else 1)
     with runtime.session() as session:
         from p2p.shared.db.models import MiningJob
 
@@ -324,3 +339,17 @@ def test_a_job_the_broker_did_not_take_reads_as_never_sent_and_the_next_upload_s
     again = _ingest(runtime, data, "not taken")
     assert again.duplicate and live.sent == [str(job.id)]
     assert _enqueued_at(runtime, job.id) is not None
+
+
+def test_the_in_process_dispatcher_accepts_what_it_would_send() -> None:
+    from p2p.shared.queue import MINE_FIGURE_TASK, InProcessDispatcher, celery_app, mining_queue
+
+    queue = mining_queue("cpu")
+    for queues, expected in ((None, True), ([queue], True), (["ingest"], False)):
+        dispatcher = InProcessDispatcher(celery_app, workers=1, queues=queues)
+        try:
+            assert dispatcher.accepts(MINE_FIGURE_TASK, queue) is expected
+            assert dispatcher.accepts("p2p.no.such_task", queue) is False
+            assert dispatcher.send("p2p.no.such_task", args=[], queue=queue) is False
+        finally:
+            dispatcher.close()

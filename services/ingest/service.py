@@ -113,7 +113,7 @@ def ingest_figure(
         job = _ensure_job(session, existing, settings)
         if record is not None:
             record(session, existing, True)
-        stamp = _stamp_unsent(job)
+        stamp = _stamp_unsent(job, dispatcher)
         session.commit()
         _dispatch(session, dispatcher, job, settings=settings, stamp=stamp)
         return _stored(IngestOutcome(figure=existing, job=job, duplicate=True))
@@ -143,13 +143,8 @@ def ingest_figure(
             # A figure created in this transaction cannot have a job yet: no lookup, no savepoint.
             # Its enqueued_at goes in with it: the commit that makes the job visible says it is
             # sent (a publish that fails clears it again, see _dispatch).
-            stamp = utcnow()
-            job = MiningJob(
-                figure_id=figure.id,
-                backend=settings.mining.backend,
-                status=JobStatus.QUEUED,
-                enqueued_at=stamp,
-            )
+            job = MiningJob(figure_id=figure.id, backend=settings.mining.backend, status=JobStatus.QUEUED)
+            stamp = _stamp_unsent(job, dispatcher)
             session.add(job)
             if record is not None:
                 record(session, figure, False)
@@ -166,7 +161,7 @@ def ingest_figure(
         job = _ensure_job(session, raced, settings)
         if record is not None:
             record(session, raced, True)
-        stamp = _stamp_unsent(job)
+        stamp = _stamp_unsent(job, dispatcher)
         session.commit()
         _dispatch(session, dispatcher, job, settings=settings, stamp=stamp)
         return _stored(IngestOutcome(figure=raced, job=job, duplicate=True))
@@ -316,13 +311,17 @@ def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJ
     return job
 
 
-def _stamp_unsent(job: MiningJob) -> datetime | None:
+def _stamp_unsent(job: MiningJob, dispatcher: TaskDispatcher) -> datetime | None:
     """Marks a queued job never sent as sent now, to go in with the caller's commit (the publish
-    follows the commit: the worker that takes the job must find it); None when it was sent before."""
-    if job.enqueued_at is None and job.status == JobStatus.QUEUED:
-        job.enqueued_at = utcnow()
-        return job.enqueued_at
-    return None
+    follows the commit: the worker that takes the job must find it); None when it was sent before,
+    or when this process's dispatcher would not take it (an in-process queue that does not serve
+    mining: the job stays queued, never sent, with no stamp to clear)."""
+    if job.enqueued_at is not None or job.status != JobStatus.QUEUED:
+        return None
+    if not dispatcher.accepts(MINE_FIGURE_TASK, mining_queue(job.backend)):
+        return None
+    job.enqueued_at = utcnow()
+    return job.enqueued_at
 
 
 def _dispatch(
@@ -347,6 +346,13 @@ def _dispatch(
             if dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend)):
                 return
             _unstamp(session, job, stamp)
+            return
+        if job.enqueued_at is None and job.status == JobStatus.QUEUED:
+            # Never sent, and the dispatcher said it would not take it: it says so again (and logs
+            # that the job stays queued); should it take it after all, the stamp follows.
+            if dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend)):
+                job.enqueued_at = utcnow()
+                session.commit()
             return
         reason = resend_if_stalled(session, dispatcher=dispatcher, settings=settings, kind=MINING, row=job)
         if reason is not None:
