@@ -17,6 +17,7 @@ from p2p.apps.embedding import embedding_app
 from p2p.apps.ingest import ingest_app
 from p2p.shared.api import ApiEdge, _TextPartWatcher
 from p2p.shared.runtime import Runtime
+from tests.conftest import RuntimeFactory
 from tests.helpers import assert_error, image_bytes
 
 BOUNDARY = b"a1b2-c3d4"
@@ -173,3 +174,19 @@ def test_forms_their_routes_read_are_parsed_once_and_still_refuse_text_that_is_n
             embedding.post("/v1/embed/images", content=b"nonsense", headers=broken), 400, "bad_request"
         )
     assert fed == []
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_an_image_embed_without_a_key_gets_its_401_before_the_model_is_looked_for(
+    make_runtime: RuntimeFactory,
+) -> None:
+    keyed = make_runtime(auth={"required": True})
+    app = embedding_app(runtime=keyed)
+    app.state.runtime = keyed  # no lifespan: the model is never loaded
+    body, headers = _multipart([("files", image_bytes(), "f.png")])
+    answer = TestClient(app).post("/v1/embed/images", content=body, headers=headers)
+    assert_error(answer, 401, "missing_api_key")
+    with_key = TestClient(app).post(
+        "/v1/embed/images", content=body, headers={**headers, "Authorization": "Bearer p2p_nope_nope"}
+    )
+    assert with_key.status_code == 401  # an unknown key: refused before the model is asked for
