@@ -380,7 +380,7 @@ def micro(calls: int = 20000) -> dict[str, float]:
     with a job's real stage timings) and per task (the two Celery signal handlers)."""
     from p2p.shared.jobs import JobEvent
     from p2p.shared.metrics import worker
-    from p2p.shared.metrics.http import HttpMetrics
+    from p2p.shared.metrics.http import RequestMetrics
     from p2p.shared.metrics.jobs import JobMetrics
 
     class Route:
@@ -392,7 +392,7 @@ def micro(calls: int = 20000) -> dict[str, float]:
         class request:  # the shape of a Celery task's request
             delivery_info = {"routing_key": "mining"}
 
-    middleware = HttpMetrics(lambda *_: None, service="ingest")  # type: ignore[arg-type]
+    middleware = RequestMetrics("ingest")
     scope = {"type": "http", "method": "POST", "route": Route()}
     stages = {s: 0.01 for s in ("segment", "labels", "markers", "regions", "captions", "crops")}
     event = JobEvent("mining", uuid.uuid4(), "succeeded", 1, running_s=0.5,
@@ -406,9 +406,8 @@ def micro(calls: int = 20000) -> dict[str, float]:
         return round(1e6 * (time.process_time() - started) / calls, 2)
 
     def request() -> None:
-        middleware.in_flight.inc()
-        middleware.in_flight.dec()
-        middleware._record(scope, 202, 21000, 0.01)
+        middleware.started()
+        middleware.finished(scope, 202, 21000, 0.01)
 
     def task_run() -> None:
         worker.task_started(task_id="t", task=task)

@@ -1,15 +1,22 @@
-"""What every FastAPI service of the project shares: the error envelope and the body size cap."""
+"""What every FastAPI service of the project shares: the error envelope, and the edge middleware
+(request ids, guards, body size cap, strict form text, catch-all, request metrics)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from python_multipart.multipart import parse_options_header
 from sqlalchemy import exc as sa_exc
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from p2p.shared.errors import P2PError, error_body
@@ -123,42 +130,8 @@ def install_error_handlers(app: FastAPI) -> None:
         reason = str(getattr(exc, "orig", exc)).splitlines()[0]
         return error_response(status_code=422, message=f"value refused: {reason}", error_type="invalid_value")
 
-    app.add_middleware(StrictFormText)
-    app.add_middleware(CatchAll)
+    edge_options(app)  # the edge middleware: request ids, guards, limits, errors, strict form text
     install_openapi(app)
-
-
-class CatchAll:
-    """Answers an unexpected error with the 500 envelope and keeps the connection open.
-
-    Starlette's own last-resort handler re-raises after answering, and the server then drops the
-    connection, failing the client's next, unrelated request on it.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception:
-            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            if started:
-                raise  # half a response is out: only closing the connection tells the client
-            response = error_response(
-                status_code=500, message="internal server error", error_type="internal_error"
-            )
-            await response(scope, receive, send)
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -168,45 +141,6 @@ class BodyTooLarge(StarletteHTTPException):
 
     def __init__(self, limit: int) -> None:
         super().__init__(status_code=413, detail=f"request body is larger than the {limit}-byte limit")
-
-
-class BodySizeLimit:
-    """Refuses oversized bodies while they stream in: by Content-Length up front, else by counting."""
-
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, per_path: dict[str, int] | None = None) -> None:
-        self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.per_path = per_path or {}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.per_path.get(scope.get("path", ""), self.max_body_bytes)
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > limit:
-                    response = error_response(
-                        status_code=413, message=BodyTooLarge(limit).detail, error_type="payload_too_large"
-                    )
-                    await response(scope, receive, send)
-                    return
-        received = 0
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise BodyTooLarge(limit)
-            return message
-
-        await self.app(scope, limited_receive, send)
 
 
 class InvalidFormText(StarletteHTTPException):
@@ -267,8 +201,6 @@ class _TextPartWatcher:
         self._header_name = self._header_value = b""
 
     def _headers_done(self) -> None:
-        from python_multipart.multipart import parse_options_header
-
         _, options = parse_options_header(self._disposition)
         self._name = options.get(b"name", b"").decode("latin-1")
         self._text = None if b"filename" in options else bytearray()
@@ -286,39 +218,227 @@ class _TextPartWatcher:
             self.bad_field = self._name
 
 
-class StrictFormText:
-    """Refuses (422) a multipart form whose text fields are not UTF-8, before the route runs."""
+class _StrictMultiPartParser(MultiPartParser):
+    """Starlette's multipart parser, refusing (422) a text part that is not UTF-8 where Starlette
+    would decode it as Latin-1: the check the edge's watcher makes, in the one parse."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidFormText(part.field_name) from None
+        super().on_part_end()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        boundary = _multipart_boundary(scope) if scope["type"] == "http" else None
-        if boundary is None:
-            await self.app(scope, receive, send)
-            return
-        watcher = _TextPartWatcher(boundary)
 
-        async def checked_receive() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                watcher.feed(message.get("body", b""))
+async def read_form(request: Request) -> FormData:
+    """The request's form, as ``request.form()`` reads it (same limits, a broken body 400), with
+    text parts that must be UTF-8 (422). A multipart body is parsed once: the edge's watcher,
+    which would follow the same bytes for the same check, stands down for this request."""
+    content_type, _ = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data":
+        return await request.form()
+    exchange = request.scope.get(_EXCHANGE_KEY)
+    if isinstance(exchange, _Exchange):
+        exchange.watcher = None
+    try:
+        async with aclosing(request.stream()) as stream:
+            return await _StrictMultiPartParser(request.headers, stream).parse()
+    except MultiPartException as exc:
+        raise StarletteHTTPException(status_code=400, detail=exc.message) from exc
+
+
+def _multipart_boundary(content_type: bytes) -> bytes | None:
+    if content_type[:19].lower() != b"multipart/form-data":
+        return None
+    kind, options = parse_options_header(content_type)
+    if kind == b"multipart/form-data" and options.get(b"boundary"):
+        return bytes(options[b"boundary"])
+    return None
+
+
+class RequestRecorder(Protocol):
+    """What the edge tells the request metrics (``p2p.shared.metrics.http.RequestMetrics``)."""
+
+    def started(self) -> None: ...
+
+    def finished(self, scope: Scope, status: int, received: int, seconds: float) -> None: ...
+
+
+@dataclass
+class EdgeOptions:
+    """What :class:`ApiEdge` does for one app. Each ``install_*`` call fills its part before the app
+    serves its first request (the middleware reads them when Starlette builds its stack)."""
+
+    loopback_only: bool = False
+    csp: bytes = b""
+    csp_paths: tuple[str, ...] = ()
+    max_body_bytes: int | None = None
+    per_path: dict[str, int] = field(default_factory=dict)
+    metrics: RequestRecorder | None = None
+
+
+def edge_options(app: FastAPI) -> EdgeOptions:
+    """The app's :class:`EdgeOptions`; the first call installs :class:`ApiEdge`."""
+    options = getattr(app.state, "edge_options", None)
+    if options is None:
+        options = app.state.edge_options = EdgeOptions()
+        app.add_middleware(ApiEdge, options=options)
+    assert isinstance(options, EdgeOptions)
+    return options
+
+
+def limit_body_size(app: FastAPI, *, max_body_bytes: int, per_path: dict[str, int] | None = None) -> None:
+    """Refuse bodies over ``max_body_bytes`` (``per_path``: other limits for some paths) with 413."""
+    options = edge_options(app)
+    options.max_body_bytes, options.per_path = max_body_bytes, dict(per_path or {})
+
+
+_REQUEST_ID_HEADER = REQUEST_ID_HEADER.lower().encode()
+_EXCHANGE_KEY = "p2p.edge"  # the request's _Exchange, on its ASGI scope (read_form finds it there)
+_SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+class _Exchange:
+    """One request as :class:`ApiEdge` sees it: its headers read once, and the ``receive`` and
+    ``send`` the app gets (bound methods: no closures built per request)."""
+
+    __slots__ = (
+        "_receive", "_send", "added", "declared", "id_header", "limit", "received", "request_id",
+        "started", "status", "watcher",
+    )  # fmt: skip
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, options: EdgeOptions) -> None:
+        self._receive, self._send = receive, send
+        given = declared = content_type = b""
+        for name, value in scope["headers"]:
+            if name == _REQUEST_ID_HEADER:
+                given = value
+            elif name == b"content-length":
+                declared = value
+            elif name == b"content-type":
+                content_type = value
+        self.request_id = valid_request_id(given.decode("latin-1")) or new_request_id()
+        self.id_header = (_REQUEST_ID_HEADER, self.request_id.encode())
+        self.declared = declared
+        path: str = scope.get("path", "")
+        self.added = _SECURITY_HEADERS
+        if options.csp_paths and (path == "/" or path.startswith(options.csp_paths)):
+            self.added = (*self.added, (b"content-security-policy", options.csp))
+        self.limit = options.per_path.get(path, options.max_body_bytes) if options.max_body_bytes else None
+        boundary = _multipart_boundary(content_type) if content_type else None
+        self.watcher = _TextPartWatcher(boundary) if boundary is not None else None
+        self.status, self.received, self.started = 500, 0, False  # an escaped error ends as a 500
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status, self.started = int(message["status"]), True
+            headers = list(message.get("headers", []))
+            present = {name.lower() for name, _ in headers}
+            headers.extend(header for header in self.added if header[0] not in present)
+            headers.append(self.id_header)
+            message = {**message, "headers": headers}
+        await self._send(message)
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            body = message.get("body", b"")
+            self.received += len(body)
+            if self.limit is not None and self.received > self.limit:
+                raise BodyTooLarge(self.limit)
+            watcher = self.watcher
+            if watcher is not None:
+                watcher.feed(body)
                 if watcher.bad_field is not None:
                     raise InvalidFormText(watcher.bad_field)
-            return message
-
-        await self.app(scope, checked_receive, send)
+        return message
 
 
-def _multipart_boundary(scope: Scope) -> bytes | None:
-    for name, value in scope.get("headers", []):
-        if name == b"content-type":
-            from python_multipart.multipart import parse_options_header
+class ApiEdge:
+    """Everything the APIs do around a route, in one ASGI layer (seven middlewares once, each with
+    its own wrapped ``send`` or ``receive`` and a pass over the headers; bench/README.md, ingest).
 
-            kind, options = parse_options_header(value)
-            if kind == b"multipart/form-data" and options.get(b"boundary"):
-                return bytes(options[b"boundary"])
-    return None
+    In the order a request meets them:
+
+    * metrics (when ``options.metrics`` is set): counted, timed and sized by route template;
+    * a request id: the client's ``X-Request-ID`` when it is a safe one (bounded, a plain
+      charset), else a new one; in the log context for the whole request (every log line, the
+      rows it creates, the tasks it queues), in the error envelope, and sent back in the
+      response's ``X-Request-ID``, on every answer, a refusal here included;
+    * the body size limit: by Content-Length up front (413), else by counting as the body streams
+      in (``BodyTooLarge`` raised into the reader, answered 413 by the error handlers);
+    * security headers on every answer, and a content security policy on the viewer's pages
+      (``csp_paths`` prefixes and ``/``; the API docs load Swagger UI from a CDN);
+    * without API keys (``loopback_only``), loopback clients only (403 for others), however the
+      server was started (``p2p serve`` also refuses such a bind; ``uvicorn`` by hand does not);
+    * strict form text: a multipart form whose text fields are not UTF-8 is refused (422) before
+      the route sees it;
+    * the catch-all: an unexpected error is answered with the 500 envelope and the connection
+      kept open (Starlette's own last-resort handler re-raises after answering, and the server
+      then drops the connection, failing the client's next, unrelated request on it).
+    """
+
+    def __init__(self, app: ASGIApp, *, options: EdgeOptions) -> None:
+        self.app, self.options = app, options
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = time.perf_counter()
+        exchange = scope[_EXCHANGE_KEY] = _Exchange(scope, receive, send, self.options)
+        token = bind(request_id=exchange.request_id)
+        metrics = self.options.metrics
+        if metrics is not None:
+            metrics.started()
+        try:
+            refusal = self._refusal(scope, exchange.limit, exchange.declared)
+            if refusal is not None:
+                await refusal(scope, receive, exchange.send)
+                return
+            try:
+                await self.app(scope, exchange.receive, exchange.send)
+            except Exception:
+                log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+                if exchange.started:
+                    raise  # half a response is out: only closing the connection tells the client
+                response = error_response(
+                    status_code=500, message="internal server error", error_type="internal_error"
+                )
+                await response(scope, receive, exchange.send)
+        finally:
+            unbind(token)
+            if metrics is not None:
+                metrics.finished(scope, exchange.status, exchange.received, time.perf_counter() - began)
+
+    def _refusal(self, scope: Scope, limit: int | None, declared: bytes) -> JSONResponse | None:
+        """The answer to a request refused before its route runs, or None."""
+        if limit is not None and declared:
+            try:
+                size = int(declared)
+            except ValueError:
+                size = 0
+            if size > limit:
+                return error_response(
+                    status_code=413, message=BodyTooLarge(limit).detail, error_type="payload_too_large"
+                )
+        if self.options.loopback_only:
+            client = scope.get("client")
+            host = client[0] if client else ""
+            if host not in LOOPBACK_HOSTS and not host.startswith("127."):
+                return error_response(
+                    status_code=403,
+                    message="this server runs without API keys and answers loopback clients only; "
+                    "set P2P_AUTH__REQUIRED=true to serve other hosts",
+                    error_type="keys_required_off_loopback",
+                )
+        return None
 
 
 ERROR_SCHEMA: dict[str, Any] = {
@@ -423,79 +543,6 @@ def install_openapi(app: FastAPI, *, skip: frozenset[str] = frozenset({"/healthz
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-class SecurityHeaders:
-    """Standard headers on every answer, and a content security policy on the viewer's pages
-    (``csp_paths`` prefixes; the API docs load Swagger UI from a CDN and keep FastAPI's page)."""
-
-    def __init__(self, app: ASGIApp, *, csp: str, csp_paths: tuple[str, ...]) -> None:
-        self.app, self.csp, self.csp_paths = app, csp.encode(), csp_paths
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-        viewer = path == "/" or path.startswith(self.csp_paths)
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                present = {name.lower() for name, _ in headers}
-                for name, value in (
-                    (b"x-content-type-options", b"nosniff"),
-                    (b"x-frame-options", b"DENY"),
-                    (b"referrer-policy", b"no-referrer"),
-                    *([(b"content-security-policy", self.csp)] if viewer else []),
-                ):
-                    if name not in present:
-                        headers.append((name, value))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
-
-_REQUEST_ID_HEADER = REQUEST_ID_HEADER.lower().encode()
-
-
-class RequestIds:
-    """Gives every request an id: the client's ``X-Request-ID`` when it is a safe one (bounded, a
-    plain charset), else a new one. The id is in the log context for the whole request (every log
-    line, the rows it creates, the tasks it queues), in the error envelope, and sent back in the
-    response's ``X-Request-ID``. Installed last (:func:`install_request_ids`), so it is outermost
-    and every answer, a guard's refusal included, carries it."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self._with_id(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
-
-    async def _with_id(self, scope: Scope, receive: Receive, send: Send) -> None:
-        given = next((v for k, v in scope.get("headers", []) if k == _REQUEST_ID_HEADER), b"")
-        request_id = valid_request_id(given.decode("latin-1")) or new_request_id()
-        header = (_REQUEST_ID_HEADER, request_id.encode())
-
-        async def with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), header]}
-            await send(message)
-
-        token = bind(request_id=request_id)
-        try:
-            await self.app(scope, receive, with_id)
-        finally:
-            unbind(token)
-
-
-def install_request_ids(app: FastAPI) -> None:
-    """Call after every other middleware: the request id must wrap them all."""
-    app.add_middleware(RequestIds)
-
-
 # "testclient" is the peer Starlette's in-process test client reports; no socket peer can be named so.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
 VIEWER_CSP = (
@@ -509,29 +556,7 @@ def install_guards(
     app: FastAPI, *, auth_required: bool, csp_paths: tuple[str, ...] = (), img_hosts: str = ""
 ) -> None:
     """Loopback-only without keys, and the security headers (a CSP on ``csp_paths``)."""
-    app.add_middleware(LoopbackOnlyWithoutKeys, enforce=not auth_required)
+    options = edge_options(app)
+    options.loopback_only = not auth_required
     extra = f" {img_hosts}" if img_hosts else ""
-    app.add_middleware(SecurityHeaders, csp=VIEWER_CSP.format(extra=extra), csp_paths=csp_paths)
-
-
-class LoopbackOnlyWithoutKeys:
-    """Without API keys the APIs answer loopback clients only, however they were started (the
-    ``p2p serve`` command also refuses such a bind; ``uvicorn`` run by hand does not check)."""
-
-    def __init__(self, app: ASGIApp, *, enforce: bool) -> None:
-        self.app, self.enforce = app, enforce
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.enforce and scope["type"] == "http":
-            client = scope.get("client")
-            host = client[0] if client else ""
-            if host not in LOOPBACK_HOSTS and not host.startswith("127."):
-                response = error_response(
-                    status_code=403,
-                    message="this server runs without API keys and answers loopback clients only; "
-                    "set P2P_AUTH__REQUIRED=true to serve other hosts",
-                    error_type="keys_required_off_loopback",
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+    options.csp, options.csp_paths = VIEWER_CSP.format(extra=extra).encode(), csp_paths

@@ -61,9 +61,12 @@ def _admit(runtime: Runtime, authorization: str | None, scope: Scope, client: st
 
 
 def scope_required(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    # The runtime is read from the app, not declared as a dependency: every dependency FastAPI
+    # resolves costs the event loop ~10 us per request (bench/README.md, embedding).
     async def dependency(
-        request: Request, runtime: RuntimeDep, authorization: Annotated[str | None, Header()] = None
+        request: Request, authorization: Annotated[str | None, Header()] = None
     ) -> Principal:
+        runtime: Runtime = request.app.state.runtime
         if not runtime.settings.auth_required and (scope is Scope.READ or runtime.rate_limiter is None):
             return ANONYMOUS
         # Both checks on one thread-pool hop: each hop costs the event loop and a thread wake-up.

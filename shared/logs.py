@@ -17,10 +17,10 @@ import contextlib
 import contextvars
 import json
 import logging
+import random
 import re
 import sys
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -84,7 +84,12 @@ def valid_request_id(value: str | None) -> str | None:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """32 random hex digits, like ``uuid4().hex``, from the ``random`` module's generator: an id to
+    follow a request by, not a secret. ``uuid4`` reads ``os.urandom``, which lets go of the GIL, and
+    on a busy API server (model and decode threads beside the event loop) the loop then waits up to
+    a switch interval to get it back, once per request (bench/README.md, embedding). The module's
+    generator is seeded from the OS at import and again in every forked child."""
+    return f"{random.getrandbits(128):032x}"
 
 
 # --- formatters -------------------------------------------------------------------------------

@@ -122,6 +122,11 @@ class TaskDispatcher(Protocol):
         """Hand a task over; False when nothing can run it here yet."""
         ...
 
+    def accepts(self, task_name: str, queue: str) -> bool:
+        """Whether :meth:`send` would hand the task over (False: it stays queued here), without
+        sending anything. A broker that cannot be reached still counts as accepting."""
+        ...
+
     def ping(self) -> None: ...
 
     def close(self) -> None: ...
@@ -149,6 +154,9 @@ class CeleryDispatcher:
             )
         return True
 
+    def accepts(self, task_name: str, queue: str) -> bool:
+        return True
+
     def ping(self) -> None:
         with self._pool.acquire(block=True, timeout=2) as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
@@ -171,6 +179,9 @@ class InProcessDispatcher:
         if not app.conf.include:
             log.warning("no task modules registered (p2p.apps.tasks.register_tasks): tasks stay queued here")
         import_task_modules()
+
+    def accepts(self, task_name: str, queue: str) -> bool:
+        return (self.queues is None or queue in self.queues) and task_name in self.app.tasks
 
     def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
         task = self.app.tasks.get(task_name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -225,3 +226,130 @@ def test_png_with_a_flipped_byte_fails_its_crc() -> None:
     with pytest.raises(InvalidInput) as err:
         inspect_image(io.BytesIO(bytes(data)), allowed_formats=ALL, max_pixels=10**6)
     assert "CRC" in err.value.message
+
+
+class LookingDispatcher:
+    """A dispatcher that reads the job's row from a connection of its own when asked to send it
+    (what a worker would find), then accepts, refuses (False) or fails as told."""
+
+    def __init__(self, runtime: Runtime, *, answer: bool | Exception = True, takes: bool = True) -> None:
+        self.runtime, self.answer, self.takes = runtime, answer, takes  # takes: what accepts() says
+        self.sent: list[str] = []
+        self.seen_enqueued_at: list[object] = []
+
+    def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:
+        from sqlalchemy import text
+
+        with self.runtime.engine.connect() as conn:
+            self.seen_enqueued_at.append(
+                conn.scalar(text("SELECT enqueued_at FROM mining_job WHERE id = :id"), {"id": args[0]})
+            )
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        if self.answer:
+            self.sent.append(args[0])
+        return self.answer
+
+    def accepts(self, task_name: str, queue: str) -> bool:
+        return self.takes
+
+    def ping(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@pytest.fixture
+def own_dispatcher(runtime: Runtime) -> Iterator[Runtime]:
+    """The runtime, its dispatcher put back after the test (the test swaps in its own)."""
+    original = runtime.dispatcher
+    try:
+        yield runtime
+    finally:
+        runtime.dispatcher = original
+
+
+def _enqueued_at(runtime: Runtime, job_id: Any) -> Any:
+    from p2p.shared.db.models import MiningJob
+
+    with runtime.session() as session:
+        job = session.get(MiningJob, job_id)
+        assert job is not None
+        return job.enqueued_at
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+def test_a_new_figure_is_one_commit_and_its_job_is_stamped_sent_before_the_publish(
+    own_dispatcher: Runtime,
+) -> None:
+    runtime = own_dispatcher
+    looking = LookingDispatcher(runtime)
+    runtime.dispatcher = looking  # type: ignore[assignment]
+    commits: list[int] = []
+    listener = lambda _conn: commits.append(1)  # noqa: E731
+    event.listen(runtime.engine, "commit", listener)
+    try:
+        outcome = _ingest(runtime, image_bytes("PNG", (300, 200), seed=91), "one commit")
+    finally:
+        event.remove(runtime.engine, "commit", listener)
+    assert not outcome.duplicate and looking.sent == [str(outcome.job.id)]
+    assert len(commits) == 1  # the figure, its job and the job's enqueued_at together
+    assert looking.seen_enqueued_at[0] is not None  # a worker finds the job already marked sent
+    assert _enqueued_at(runtime, outcome.job.id) == outcome.job.enqueued_at
+    # The same upload again sends nothing: the job was sent.
+    again = _ingest(runtime, image_bytes("PNG", (300, 200), seed=91), "one commit")
+    assert again.duplicate and looking.sent == [str(outcome.job.id)]
+
+
+@pytest.mark.parametrize("store_kind", ["local"], indirect=True)
+@pytest.mark.parametrize(
+    ("answer", "takes"),
+    [(False, True), (ConnectionError("broker down"), True), (False, False)],
+    ids=["refused", "down", "not-served-here"],
+)
+def test_a_job_the_broker_did_not_take_reads_as_never_sent_and_the_next_upload_sends_it(
+    own_dispatcher: Runtime, answer: bool | Exception, takes: bool
+) -> None:
+    from p2p.shared.errors import P2PError
+
+    runtime = own_dispatcher
+    data = image_bytes("PNG", (300, 200), seed=92)
+    runtime.dispatcher = LookingDispatcher(runtime, answer=answer, takes=takes)  # type: ignore[assignment]
+    commits: list[int] = []
+    listener = lambda _conn: commits.append(1)  # noqa: E731
+    event.listen(runtime.engine, "commit", listener)
+    try:
+        if isinstance(answer, Exception):
+            with pytest.raises(P2PError) as refused:
+                _ingest(runtime, data, "not taken")
+            assert refused.value.status_code == 503 and refused.value.error_type == "broker_unavailable"
+        else:
+            assert _ingest(runtime, data, "not taken").job.enqueued_at is None
+    finally:
+        event.remove(runtime.engine, "commit", listener)
+    # A dispatcher that says beforehand it will not take the job (an in-process queue that does not
+    # serve mining) costs no stamp to clear: one commit. Otherwise the stamp is cleared in a second.
+    assert len(commits) == (2 if takes else 1)
+    with runtime.session() as session:
+        from p2p.shared.db.models import MiningJob
+
+        (job,) = session.query(MiningJob).all()
+        assert job.enqueued_at is None  # the stamp committed with the figure is cleared again
+    live = LookingDispatcher(runtime)
+    runtime.dispatcher = live  # type: ignore[assignment]
+    again = _ingest(runtime, data, "not taken")
+    assert again.duplicate and live.sent == [str(job.id)]
+    assert _enqueued_at(runtime, job.id) is not None
+
+
+def test_the_in_process_dispatcher_accepts_what_it_would_send() -> None:
+    from p2p.shared.queue import MINE_FIGURE_TASK, InProcessDispatcher, celery_app, mining_queue
+
+    queue = mining_queue("cpu")
+    for queues, expected in ((None, True), ([queue], True), (["ingest"], False)):
+        dispatcher = InProcessDispatcher(celery_app, workers=1, queues=queues)
+        try:
+            assert dispatcher.accepts(MINE_FIGURE_TASK, queue) is expected
+            assert dispatcher.accepts("p2p.no.such_task", queue) is False
+            assert dispatcher.send("p2p.no.such_task", args=[], queue=queue) is False
+        finally:
+            dispatcher.close()

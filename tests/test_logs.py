@@ -271,3 +271,22 @@ def test_in_process_tasks_carry_the_request_id_too(
     loggers = {line["logger"] for line in json_lines.with_request("req-embedded")}
     assert {"p2p.ingest.service", "p2p.mining.tasks", "p2p.embedding_api.tasks"} <= loggers
     assert isinstance(runtime.dispatcher, InProcessDispatcher) and runtime.dispatcher.wait_idle(120)
+
+
+def test_new_request_ids_take_no_os_randomness_and_a_forked_child_makes_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_urandom(size: int) -> bytes:  # releases the GIL: the event loop would wait to get it back
+        raise AssertionError("os.urandom on the request path")
+
+    monkeypatch.setattr(os, "urandom", no_urandom)
+    ids = [logs.new_request_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(logs.valid_request_id(i) == i and len(i) == 32 for i in ids)
+    monkeypatch.undo()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write, logs.new_request_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 64).decode() != logs.new_request_id()

@@ -31,11 +31,10 @@ from p2p.embedding_api.text_cache import TextCache
 from p2p.models.modeling import default_spec, load_model
 from p2p.models.registry import spec_of
 from p2p.shared.api import (
-    BodySizeLimit,
     error_response,
     install_error_handlers,
     install_guards,
-    install_request_ids,
+    limit_body_size,
     log_startup,
 )
 from p2p.shared.db.models import EmbeddingSpace, ModelVersion
@@ -286,8 +285,7 @@ def create_app(
     install_guards(
         app, auth_required=settings.auth_required, csp_paths=("/static/", "/figures/"), img_hosts=img_hosts
     )
-    app.add_middleware(BodySizeLimit, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
-    install_request_ids(app)
+    limit_body_size(app, max_body_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
     for router in routers:
         app.include_router(router)
     mount_viewer(app)

@@ -10,10 +10,9 @@ from fastapi import FastAPI
 
 from p2p.ingest.routes import batches, crops, figures, health, jobs
 from p2p.shared.api import (
-    BodySizeLimit,
     install_error_handlers,
     install_guards,
-    install_request_ids,
+    limit_body_size,
     log_startup,
 )
 from p2p.shared.recovery import start_embedded_recovery
@@ -53,12 +52,11 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     install_error_handlers(app)
     install_guards(app, auth_required=settings.auth_required)
     body_cap = settings.ingest.max_upload_bytes + settings.ingest.max_metadata_bytes + MULTIPART_OVERHEAD
-    app.add_middleware(
-        BodySizeLimit,
+    limit_body_size(
+        app,
         max_body_bytes=body_cap,
         per_path={"/v1/batches/upload": settings.ingest.max_package_upload_bytes + MULTIPART_OVERHEAD},
     )
-    install_request_ids(app)
     for module in (health, figures, crops, jobs, batches):
         app.include_router(module.router)
     return app

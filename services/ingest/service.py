@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import BinaryIO
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from p2p.shared.db.base import new_id, utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
@@ -110,8 +113,9 @@ def ingest_figure(
         job = _ensure_job(session, existing, settings)
         if record is not None:
             record(session, existing, True)
+        stamp = _stamp_unsent(job, dispatcher)
         session.commit()
-        _dispatch(session, dispatcher, job, settings=settings)
+        _dispatch(session, dispatcher, job, settings=settings, stamp=stamp)
         return _stored(IngestOutcome(figure=existing, job=job, duplicate=True))
 
     key = content_key(digest.sha256, info.extension)
@@ -137,7 +141,10 @@ def ingest_figure(
         )
         if figure is not None:
             # A figure created in this transaction cannot have a job yet: no lookup, no savepoint.
+            # Its enqueued_at goes in with it: the commit that makes the job visible says it is
+            # sent (a publish that fails clears it again, see _dispatch).
             job = MiningJob(figure_id=figure.id, backend=settings.mining.backend, status=JobStatus.QUEUED)
+            stamp = _stamp_unsent(job, dispatcher)
             session.add(job)
             if record is not None:
                 record(session, figure, False)
@@ -154,11 +161,12 @@ def ingest_figure(
         job = _ensure_job(session, raced, settings)
         if record is not None:
             record(session, raced, True)
+        stamp = _stamp_unsent(job, dispatcher)
         session.commit()
-        _dispatch(session, dispatcher, job, settings=settings)
+        _dispatch(session, dispatcher, job, settings=settings, stamp=stamp)
         return _stored(IngestOutcome(figure=raced, job=job, duplicate=True))
     session.commit()
-    _dispatch(session, dispatcher, job, settings=settings)
+    _dispatch(session, dispatcher, job, settings=settings, stamp=stamp)
     return _stored(IngestOutcome(figure=figure, job=job, duplicate=False))
 
 
@@ -303,28 +311,73 @@ def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJ
     return job
 
 
-def _dispatch(session: Session, dispatcher: TaskDispatcher, job: MiningJob, *, settings: Settings) -> None:
+def _stamp_unsent(job: MiningJob, dispatcher: TaskDispatcher) -> datetime | None:
+    """Marks a queued job never sent as sent now, to go in with the caller's commit (the publish
+    follows the commit: the worker that takes the job must find it); None when it was sent before,
+    or when this process's dispatcher would not take it (an in-process queue that does not serve
+    mining: the job stays queued, never sent, with no stamp to clear)."""
+    if job.enqueued_at is not None or job.status != JobStatus.QUEUED:
+        return None
+    if not dispatcher.accepts(MINE_FIGURE_TASK, mining_queue(job.backend)):
+        return None
+    job.enqueued_at = utcnow()
+    return job.enqueued_at
+
+
+def _dispatch(
+    session: Session,
+    dispatcher: TaskDispatcher,
+    job: MiningJob,
+    *,
+    settings: Settings,
+    stamp: datetime | None,
+) -> None:
     """Hand the job to the mining queue once; the same upload again re-sends a job never sent, and
-    one stalled (its message lost, its worker gone)."""
+    one stalled (its message lost, its worker gone).
+
+    ``stamp``: the job's ``enqueued_at`` as committed just before (:func:`_stamp_unsent`), so it
+    is sent now. One commit per upload instead of two: the stamp goes in with the figure's rows.
+    When the broker refuses or cannot be reached, the stamp is cleared in a commit of its own, so
+    the job reads as never sent (a re-upload sends it at once). Until then (and if that commit
+    fails too) the recovery sweep finds a queued job whose message is on no queue and sends it once
+    ``requeue_after_s`` has passed (``p2p.shared.recovery``)."""
     try:
+        if stamp is not None:
+            if dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend)):
+                return
+            _unstamp(session, job, stamp)
+            return
         if job.enqueued_at is None and job.status == JobStatus.QUEUED:
-            accepted = dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend))
-        else:
-            reason = resend_if_stalled(
-                session, dispatcher=dispatcher, settings=settings, kind=MINING, row=job
-            )
-            if reason is not None:
-                log.warning("mining job %s was stalled (%s): sent again", job.id, reason)
+            # Never sent, and the dispatcher said it would not take it: it says so again (and logs
+            # that the job stays queued); should it take it after all, the stamp follows.
+            if dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend)):
+                job.enqueued_at = utcnow()
                 session.commit()
             return
+        reason = resend_if_stalled(session, dispatcher=dispatcher, settings=settings, kind=MINING, row=job)
+        if reason is not None:
+            log.warning("mining job %s was stalled (%s): sent again", job.id, reason)
+            session.commit()
     except Exception as exc:
         log.warning("could not enqueue mining job %s: %s", job.id, exc)
+        if stamp is not None:
+            with contextlib.suppress(Exception):
+                _unstamp(session, job, stamp)
         raise broker_unavailable(
             f"figure {job.figure_id} is stored but its mining job {job.id}", exc
         ) from exc
-    if accepted:
-        job.enqueued_at = utcnow()
-        session.commit()
+
+
+def _unstamp(session: Session, job: MiningJob, stamp: datetime) -> None:
+    """The job was not sent after all: back to never sent, unless a worker or a sweep has moved it."""
+    session.execute(
+        update(MiningJob)
+        .where(MiningJob.id == job.id, MiningJob.enqueued_at == stamp, MiningJob.status == JobStatus.QUEUED)
+        .values(enqueued_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    set_committed_value(job, "enqueued_at", None)
 
 
 def _upsert_article(session: Session, data: ArticleIn) -> Article | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 
 from fastapi import FastAPI
@@ -13,8 +12,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
+from p2p.shared.api import edge_options
 from p2p.shared.metrics import registry as m
 
 UNMATCHED = "unmatched"  # 404s: one label value, whatever paths clients try
@@ -27,41 +27,19 @@ def route_template(scope: Scope) -> str:
     return path if isinstance(path, str) and path else UNMATCHED
 
 
-class HttpMetrics:
-    """Counts, times and sizes every HTTP request (outermost middleware: it sees every answer)."""
+class RequestMetrics:
+    """Counts, times and sizes every HTTP request; told by the edge middleware
+    (``p2p.shared.api.ApiEdge``), which sees every answer."""
 
-    def __init__(self, app: ASGIApp, *, service: str) -> None:
-        self.app, self.service = app, service
+    def __init__(self, service: str) -> None:
+        self.service = service
         self.in_flight = m.HTTP_IN_FLIGHT.labels(service)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status, received = 500, 0  # an error that escapes every handler ends as a 500
-
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-            return message
-
-        async def status_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
+    def started(self) -> None:
         self.in_flight.inc()
-        try:
-            await self.app(scope, counting_receive, status_send)
-        finally:
-            self.in_flight.dec()
-            self._record(scope, status, received, time.perf_counter() - started)
 
-    def _record(self, scope: Scope, status: int, received: int, seconds: float) -> None:
+    def finished(self, scope: Scope, status: int, received: int, seconds: float) -> None:
+        self.in_flight.dec()
         route, method = route_template(scope), scope.get("method", "")
         labels = (self.service, method, route, str(status))
         m.HTTP_REQUESTS.labels(*labels).inc()
@@ -97,7 +75,7 @@ def install_metrics(app: FastAPI, *, service: str, collectors: Callable[[FastAPI
         return Response(exposition(scraped), media_type=CONTENT_TYPE_LATEST)
 
     app.add_route("/metrics", metrics_page, methods=["GET"], include_in_schema=False)
-    app.add_middleware(HttpMetrics, service=service)
+    edge_options(app).metrics = RequestMetrics(service)
 
 
 def api_collectors(app: FastAPI) -> list[Collector]:

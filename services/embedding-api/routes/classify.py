@@ -14,6 +14,7 @@ from p2p.embedding_api import service
 from p2p.embedding_api.deps import ModelStateDep, ReadPrincipal, RuntimeDep
 from p2p.embedding_api.schemas import ClassifyCreate, ClassifyPublic, LabelScore
 from p2p.models.taxonomy import FIGURE_TYPES, zero_shot
+from p2p.shared.api import read_form
 from p2p.shared.errors import InvalidInput, UnsupportedMediaType
 
 router = APIRouter(prefix="/v1", tags=["classify"])
@@ -49,7 +50,7 @@ async def _parse(request: Request) -> tuple[UploadFile | None, uuid.UUID | None,
             "send multipart/form-data (image or panel_id, labels) or application/json (panel_id, labels)",
             error_type="unsupported_media_type",
         )
-    form = await request.form()
+    form = await read_form(request)
     unknown = sorted(set(form.keys()) - FORM_FIELDS)
     if unknown:
         raise InvalidInput(f"unknown form fields: {', '.join(unknown)}", error_type="unknown_field")

@@ -23,8 +23,10 @@ from pydantic_core import to_json
 from starlette.datastructures import UploadFile as StarletteUpload
 
 from p2p.embedding_api import service
-from p2p.embedding_api.deps import ModelState, ModelStateDep, ReadPrincipal, RuntimeDep
+from p2p.embedding_api.deps import ModelState, ModelStateDep, ReadPrincipal, RuntimeDep, get_model_state
 from p2p.embedding_api.schemas import EmbedPublic, TextEmbedCreate
+from p2p.shared.api import read_form
+from p2p.shared.deps import get_runtime
 from p2p.shared.errors import InvalidInput
 from p2p.shared.settings import Settings
 
@@ -140,7 +142,7 @@ async def read_image_form(request: Request) -> tuple[list[tuple[str, bytes]], li
     """The request's uploads (``files``: name and bytes, in order) and ``object_ids`` values, read
     from the form directly: declared as ``File``/``Form`` parameters, FastAPI re-validated them on
     every request, a third of the event loop's CPU per one-image request (bench/README.md)."""
-    form = await request.form()
+    form = await read_form(request)
     try:
         uploads: list[tuple[str, bytes]] = []
         for part in form.getlist("files"):
@@ -156,11 +158,12 @@ async def read_image_form(request: Request) -> tuple[list[tuple[str, bytes]], li
 
 
 @router.post("/images", response_model=EmbedPublic, responses=_ANSWERS, openapi_extra=_IMAGES_BODY)
-async def embed_images(
-    request: Request, runtime: RuntimeDep, state: ModelStateDep, _: ReadPrincipal
-) -> Response:
+async def embed_images(request: Request, _: ReadPrincipal) -> Response:
     """Image embeddings: uploaded files first, then stored items, in the order sent. Uploads are
     decoded and preprocessed on the batcher's preparation pool, beside the model."""
+    # Read here, not declared: each dependency FastAPI resolves costs ~10 us of the event loop
+    # per request (bench/README.md, embedding).
+    runtime, state = await get_runtime(request), await get_model_state(request)
     uploads, object_ids = await read_image_form(request)
     ids = [part.strip() for raw in object_ids for part in raw.split(",") if part.strip()]
     limit = runtime.settings.embedding.max_images

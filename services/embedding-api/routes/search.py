@@ -11,6 +11,7 @@ from starlette.datastructures import UploadFile
 from p2p.embedding_api import service
 from p2p.embedding_api.deps import ModelStateDep, ReadPrincipal, RuntimeDep
 from p2p.embedding_api.schemas import SearchCreate, SearchPublic
+from p2p.shared.api import read_form
 from p2p.shared.errors import InvalidInput, UnsupportedMediaType
 
 router = APIRouter(prefix="/v1", tags=["search"])
@@ -80,7 +81,7 @@ def _validation_error(exc: ValidationError) -> InvalidInput:
 
 
 async def _from_form(request: Request) -> tuple[dict[str, Any], UploadFile]:
-    form = await request.form()
+    form = await read_form(request)
     unknown = sorted(set(form.keys()) - FORM_FIELDS)
     if unknown:
         raise InvalidInput(f"unknown form fields: {', '.join(unknown)}", error_type="unknown_field")
