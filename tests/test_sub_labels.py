@@ -9,10 +9,10 @@ import cv2
 import numpy as np
 import pytest
 
+from p2p.mining.cpu.imaging import full_size_analysis
 from p2p.mining.cpu.labels.series import series_labels
 from p2p.mining.cpu.labels.sub import (
     as_sub_label,
-    gray_and_text_unit,
     picture_tiles,
     split_sub_labelled,
 )
@@ -85,7 +85,8 @@ def test_a_grid_of_pictures_is_cut_at_its_gutters_and_a_chart_is_not() -> None:
 def test_each_picture_of_a_numbered_grid_becomes_its_own_panel(dark: bool) -> None:
     names = ["c1", "c2", "c3", "c4", "c5", "c6"]
     image, tiles = _grid(names, dark=dark)
-    gray, u = gray_and_text_unit(image)
+    look = full_size_analysis(image)
+    gray, u = look.gray, look.u
     candidates, labels, detections = split_sub_labelled(gray, _whole(tiles), [None], [], u=u, named=[])
     assert labels == names
     assert [tuple(round(v) for v in c.box) for c in candidates] == tiles
@@ -94,14 +95,16 @@ def test_each_picture_of_a_numbered_grid_becomes_its_own_panel(dark: bool) -> No
 
 def test_an_unread_picture_takes_the_number_of_its_place_and_a_lone_reading_needs_the_caption() -> None:
     image, tiles = _grid(["b1", None, "b3", "b4"], cols=2)
-    gray, u = gray_and_text_unit(image)
+    look = full_size_analysis(image)
+    gray, u = look.gray, look.u
     _, labels, detections = split_sub_labelled(gray, _whole(tiles), ["b"], [], u=u, named=[])
     assert labels == ["b1", "b2", "b3", "b4"]
     inferred = [d for d in detections if d.text == "b2"]
     assert len(inferred) == 1 and inferred[0].raw == "" and inferred[0].confidence < 0.5
     # one picture read alone: the grid is cut only when the caption names the whole series
     image, tiles = _grid(["a1", None], cols=2)
-    gray, u = gray_and_text_unit(image)
+    look = full_size_analysis(image)
+    gray, u = look.gray, look.u
     candidates, labels, _ = split_sub_labelled(gray, _whole(tiles), [None], [], u=u, named=[])
     assert len(candidates) == 1 and labels == [None]
     candidates, labels, _ = split_sub_labelled(gray, _whole(tiles), [None], [], u=u, named=["a1", "a2"])
@@ -110,7 +113,8 @@ def test_an_unread_picture_takes_the_number_of_its_place_and_a_lone_reading_need
 
 def test_numbers_out_of_place_leave_the_grid_whole() -> None:
     image, tiles = _grid(["c2", "c1", "c3"])
-    gray, u = gray_and_text_unit(image)
+    look = full_size_analysis(image)
+    gray, u = look.gray, look.u
     candidates, labels, _ = split_sub_labelled(gray, _whole(tiles), [None], [], u=u, named=[])
     assert len(candidates) == 1 and labels == [None]
 

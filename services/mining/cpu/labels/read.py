@@ -671,8 +671,10 @@ def find_labels(
     if not panels or height < 8 or width < 8:
         return []
     boxes = [geometry.clip(p.box, width, height) for p in panels]
-    known = analysis if analysis is not None and analysis.mask.shape == (height, width) else None
-    look = known or full_size_analysis(rgb)
+    if analysis is not None and analysis.mask.shape == (height, width):
+        look = analysis
+    else:
+        look = full_size_analysis(rgb)
     gray, glyphs, u = look.gray, look.glyphs, look.u
     cc_labels = glyphs.labels
     # words in the gutters or at a panel's top-left corner; text deep inside a panel is content

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from p2p.mining.cpu.imaging import corner_glyphs, full_size_analysis
+from p2p.mining.cpu.imaging import corner_glyphs
 from p2p.mining.cpu.labels.read import read_corner_glyphs
 from p2p.mining.types import LabelDetection, PanelCandidate
 
@@ -62,12 +62,6 @@ def as_sub_label(text: str) -> SubLabel | None:
         text = text[0] + text[1].translate(_THIN_ONE)
     found = _SUB_RE.match(text)
     return SubLabel(found.group(1), int(found.group(2))) if found else None
-
-
-def gray_and_text_unit(image: np.ndarray) -> tuple[np.ndarray, float]:
-    """The figure in grey and its text unit, as the label reader measures them."""
-    look = full_size_analysis(image)
-    return look.gray, float(look.u)
 
 
 def _runs(light: np.ndarray) -> list[tuple[int, int]]:
