@@ -167,8 +167,9 @@ def unread_labels(
         # the only solid lone bar in a figure whose series expects an I is that I
         bars = [box for box in found if _solid_bar(ink, factor, box)]
         if len(bars) == 1:
-            box = tuple(float(v) for v in bars[0])
-            best["i"] = LabelDetection(text=missing["i"], box=box, confidence=MIN_LABEL_CONFIDENCE, raw="|")  # type: ignore[arg-type]
+            x1, y1, x2, y2 = bars[0]
+            box = (float(x1), float(y1), float(x2), float(y2))
+            best["i"] = LabelDetection(text=missing["i"], box=box, confidence=MIN_LABEL_CONFIDENCE, raw="|")
     return list(best.values())
 
 
