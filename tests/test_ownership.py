@@ -180,6 +180,23 @@ def test_a_letter_past_a_gap_printed_before_the_last_label_is_no_label() -> None
     assert [d.text for d in series_labels([at("A", 0, 400), at("C", 300, 0)], [])] == ["A", "C"]
 
 
+def test_a_reading_smaller_than_the_labels_loses_to_one_of_their_size() -> None:
+    """Two readings of C: the label (40 px, read at 0.83) and the C of "Caspase" in a blot's
+    lane text (25 px, read at 0.89). The label wins, with a caption naming the letters and
+    without."""
+
+    def at(text: str, y: float, height: float, confidence: float) -> LabelDetection:
+        return LabelDetection(text=text, box=(10.0, y, 35.0, y + height), confidence=confidence)
+
+    read = [at("A", 0, 40, 0.9), at("B", 300, 41, 0.9), at("C", 600, 40, 0.83), at("C", 500, 25, 0.89)]
+    for named in (["A", "B", "C"], []):
+        chosen = {d.text: d for d in series_labels(read, named)}
+        assert chosen["C"].box[1] == 600.0, named
+    # where no reading is of the labels' size, the surest still stands
+    short = [at("A", 0, 40, 0.9), at("B", 300, 41, 0.9), at("C", 500, 25, 0.89), at("C", 700, 20, 0.5)]
+    assert next(d for d in series_labels(short, ["A", "B", "C"]) if d.text == "C").box[1] == 500.0
+
+
 def test_without_labels_only_clear_gutters_separate_panels() -> None:
     # one diagram: boxes in a row joined by gaps no wider than the gaps inside them
     diagram = _canvas(500, 200)

@@ -12,6 +12,7 @@ and those looked for again among lone glyphs of the labels' size.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import cv2
 import numpy as np
@@ -26,6 +27,7 @@ MIN_LABEL_CONFIDENCE = 0.3  # reads below this own nothing unless the caption na
 MAX_SERIES_GAP = 2  # letters missing in a row before the series is taken to have ended
 BAR_READINGS = frozenset({"I", "i", "l", "1", "|"})
 BAR_WIDTH = 0.3  # of its height: a bar glyph no wider than this is a sans-serif I
+LABEL_HEIGHT = 0.7  # of the labels' median height: a reading of a letter this tall may be it
 SOLID_BAR = 0.85  # of its box a bar's ink fills (an l's hook or a 1's flag leave more blank)
 MAX_GLYPH_READS = 48  # lone glyphs read in search of unread labels, likeliest sizes first
 
@@ -36,14 +38,9 @@ def series_labels(detections: list[LabelDetection], named: list[str]) -> list[La
     With a caption that names labels, those the caption names (case aside). Without, letters of
     the case most reads have, from "a" on up to the first run of more than ``MAX_SERIES_GAP``
     missing letters; digits and words only when the caption names them."""
-    best: dict[str, LabelDetection] = {}
     if named:
-        wanted = {n.lower(): n for n in named}
-        for det in detections:
-            key = det.text.lower()
-            if key in wanted and (key not in best or det.confidence > best[key].confidence):
-                best[key] = det
-        return list(best.values())
+        wanted = {n.lower() for n in named}
+        return list(_one_each([d for d in detections if d.text.lower() in wanted], str.lower).values())
     letters = [
         d
         for d in detections
@@ -51,10 +48,7 @@ def series_labels(detections: list[LabelDetection], named: list[str]) -> list[La
     ]
     upper = [d for d in letters if d.text.isupper()]
     lower = [d for d in letters if d.text.islower()]
-    chosen = upper if len(upper) >= len(lower) else lower
-    for det in chosen:
-        if det.text not in best or det.confidence > best[det.text].confidence:
-            best[det.text] = det
+    best = _one_each(upper if len(upper) >= len(lower) else lower, str)
     kept: list[LabelDetection] = []
     expected = 0
     for det in sorted(best.values(), key=lambda d: d.text.lower()):
@@ -68,6 +62,24 @@ def series_labels(detections: list[LabelDetection], named: list[str]) -> list[La
         kept.append(det)
         expected = index + 1
     return kept + _sub_labels(detections, kept)
+
+
+def _one_each(detections: list[LabelDetection], key: Callable[[str], str]) -> dict[str, LabelDetection]:
+    """The likeliest reading of each label: the most confident of its readings as tall as the
+    labels are (``LABEL_HEIGHT`` of their median height), or of all when none is. A tick or a
+    stroke read as the letter is smaller than the label itself, however sure the reading."""
+    by_key: dict[str, list[LabelDetection]] = {}
+    for det in detections:
+        by_key.setdefault(key(det.text), []).append(det)
+    if not by_key:
+        return {}
+    firsts = [max(found, key=lambda d: d.confidence) for found in by_key.values()]
+    median = float(np.median([d.box[3] - d.box[1] for d in firsts]))
+    best: dict[str, LabelDetection] = {}
+    for name, found in by_key.items():
+        tall = [d for d in found if d.box[3] - d.box[1] >= LABEL_HEIGHT * median]
+        best[name] = max(tall or found, key=lambda d: d.confidence)
+    return best
 
 
 def _follows(det: LabelDetection, kept: list[LabelDetection]) -> bool:
