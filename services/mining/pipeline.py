@@ -234,9 +234,7 @@ class _LabelStage:
     params: LabelParams
 
     def __call__(self, ctx: StageContext) -> None:
-        analysis = ctx.analysis
-        full_size = analysis is not None and analysis.mask.shape == ctx.image.shape[:2]
-        ctx.full_look = analysis if full_size else full_size_analysis(ctx.image)
+        ctx.full_look = full_size_analysis(ctx.image, ctx.analysis)
         ctx.detections = find_labels(ctx.image, ctx.candidates, analysis=ctx.full_look, params=self.params)
         ctx.labels = assign_labels(ctx.candidates, ctx.detections, params=self.params)
 

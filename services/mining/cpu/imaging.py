@@ -161,9 +161,12 @@ class Analysis:
     ink: np.ndarray | None = None
 
 
-def full_size_analysis(rgb: np.ndarray) -> Analysis:
+def full_size_analysis(rgb: np.ndarray, known: Analysis | None = None) -> Analysis:
     """The figure's grey, ink, glyphs and text unit at its own size, as the label reader measures
-    them (the segmenter's analysis is at its size only when it did not work on a downscale)."""
+    them: ``known`` (the segmenter's) when it is at the figure's size, else made here (the
+    segmenter works on a downscale of large figures)."""
+    if known is not None and known.mask.shape == rgb.shape[:2]:
+        return known
     gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
     mask = ink_mask(rgb).astype(np.uint8)
     _, cc_labels, cc_stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
@@ -330,7 +333,7 @@ def corner_glyphs(
     # ``panel_scale``: labels sized to the panel, not to the figure's text (large letters on
     # micrographs in a figure whose only text is small), fit in the window and pass as glyphs
     tallest = max(4.0 * u, LABEL_SHARE * side) if panel_scale else 4.0 * u
-    size = int(np.clip(0.3 * side, 3.0 * u, max(8.0 * u, 1.6 * tallest) if panel_scale else 8.0 * u))
+    size = int(np.clip(0.3 * side, 3.0 * u, max(8.0 * u, 1.6 * tallest)))
     size = min(size, x2 - x1, y2 - y1)
     out: list[CornerGlyph] = []
     if size < 8:
@@ -452,11 +455,10 @@ def glyph_groups(
     u: float,
     corner: str,
     calm: bool,
-    grow: bool = False,
-    tallest: float | None = None,
+    grow: bool,
+    tallest: float,
 ) -> list[tuple[IntBox, IntBox, np.ndarray]]:
     size = crop.shape[0]
-    tallest = 4.0 * u if tallest is None else tallest
     n, labels, stats, _ = cv2.connectedComponentsWithStats(text_mask.astype(np.uint8), connectivity=8)
     found: list[tuple[IntBox, IntBox, np.ndarray]] = []
     inside_ring: set[int] = set()

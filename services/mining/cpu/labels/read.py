@@ -671,10 +671,7 @@ def find_labels(
     if not panels or height < 8 or width < 8:
         return []
     boxes = [geometry.clip(p.box, width, height) for p in panels]
-    if analysis is not None and analysis.mask.shape == (height, width):
-        look = analysis
-    else:
-        look = full_size_analysis(rgb)
+    look = full_size_analysis(rgb, analysis)
     gray, glyphs, u = look.gray, look.glyphs, look.u
     cc_labels = glyphs.labels
     # words in the gutters or at a panel's top-left corner; text deep inside a panel is content
