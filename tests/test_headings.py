@@ -138,3 +138,18 @@ def test_a_label_left_alone_over_the_content_goes_out_as_a_heading_would() -> No
     image[26:46, 24:38] = 0  # the panel's label, the only ink over the picture
     label = (24.0, 26.0, 37.0, 45.0)
     assert without_top_heading(image, BOX, TEXT, params=PARAMS, labels=[label]) == (20.0, 80.0, 580.0, 380.0)
+
+
+def test_a_heading_over_a_legend_lined_up_under_it_goes_out_and_the_legend_stays() -> None:
+    # on a small copy a heading and the legend entry under it blur to one height, and both
+    # start at the same column: the entry's swatch says it is no second line of the heading
+    image = _plot("none")
+    cv2.putText(image, "HeLa/TO-RIPK3", (380, 40), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 2)
+    image[50:64, 380:394] = 60  # the legend entry's swatch, under the heading's first letter
+    cv2.putText(image, "DMSO", (400, 64), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 2)
+    trimmed = without_top_heading(image, (20.0, 20.0, 580.0, 380.0), TEXT, params=PARAMS, plot=True)
+    assert trimmed is not None and trimmed[1] == 50.0
+    # the same two lines over a picture read as two lines of one text, and stay
+    picture = _panel(None, 0)
+    picture[20:80] = image[20:80]
+    assert without_top_heading(picture, BOX, TEXT, params=PARAMS) is None

@@ -8,7 +8,14 @@ import cv2
 import numpy as np
 
 from p2p.mining.cpu.labels.series import next_letter, series_labels, unread_labels
-from p2p.mining.cpu.ownership import Anchor, label_parts, own_panels, separate_parts, working_ink
+from p2p.mining.cpu.ownership import (
+    Anchor,
+    image_extents,
+    label_parts,
+    own_panels,
+    separate_parts,
+    working_ink,
+)
 from p2p.mining.types import LabelDetection, PanelCandidate
 
 Box = tuple[int, int, int, int]
@@ -509,3 +516,19 @@ def test_a_bar_too_thin_to_read_is_the_series_missing_i() -> None:
     image[top : top + h, 230:232] = image[top : top + h, 300:302]
     ink, factor = working_ink(image)
     assert unread_labels(image, ink, factor, read, []) == []
+
+
+def test_a_header_tables_frame_along_the_parts_edge_is_no_picture() -> None:
+    # a grid of pictures under a framed header row, flush against a framed row label on its
+    # left: on a small copy the frame lines are 3 px, and they run along the part's edges
+    ink = np.zeros((260, 420), dtype=bool)
+    ink[0:3, :] = True  # the header table's top rule, the content's first row
+    ink[0:260, 0:3] = True  # the row label's frame, the content's first column
+    ink[20:23, :] = True  # the rule under the header row
+    for x in (140, 280):
+        ink[0:20, x : x + 2] = True  # the header cells' dividers
+        ink[8:14, x - 60 : x - 30] = True  # a header's letters
+    for top, left in itertools.product((26, 144), (3, 140, 280)):
+        ink[top : top + 116, left : left + 130] = True  # the pictures, the first against the frame
+    # the header row stays out (the frame line the first picture touches is one block with it)
+    assert image_extents(ink, (0, 0, 420, 260)) == (0, 26, 410, 260)

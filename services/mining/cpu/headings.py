@@ -49,9 +49,10 @@ def without_top_heading(
         text[ly1 : max(0, int(np.ceil(label[3])) + 1 - y1), lx1 : max(0, int(np.ceil(label[2])) + 1 - x1)] = (
             False
         )
-    rest_top = _heading_end(text, text_height, params)
+    legends = rgb if plot else None
+    rest_top = _heading_end(text, text_height, params, legends=legends)
     if rest_top is None:
-        rest_top = _heading_end(ink, text_height, params)
+        rest_top = _heading_end(ink, text_height, params, legends=legends)
     if rest_top is None:
         return None
     if plot and _legend_like(rgb[:rest_top], ink[:rest_top], text_height):
@@ -62,8 +63,11 @@ def without_top_heading(
     return (float(x1 + rest[0]), float(y1 + rest[1]), float(x1 + rest[2]), float(y1 + rest[3]))
 
 
-def _heading_end(ink: np.ndarray, text_height: float, params: HeadingParams) -> int | None:
-    """The first row of content under a heading band at the top of ``ink``, if it has one."""
+def _heading_end(
+    ink: np.ndarray, text_height: float, params: HeadingParams, *, legends: np.ndarray | None
+) -> int | None:
+    """The first row of content under a heading band at the top of ``ink``, if it has one.
+    ``legends``: a plot's pixels, where the line under the band may be a legend's entry."""
     bands = _bands(ink)
     if len(bands) < 2:
         return None
@@ -89,9 +93,25 @@ def _heading_end(ink: np.ndarray, text_height: float, params: HeadingParams) -> 
         return None
     if _is_rule(ink, bands[below], text_height, params.bracket_line, at_least=(int(cols[0]), int(cols[-1]))):
         return None  # a header over a group of columns (lanes under a tissue's name): kept with a blot
-    if below == 1 and _next_line_of_text(ink, bands[0], bands[1], int(cols[0])):
+    if below == 1 and _first_line_of_text(ink, bands, int(cols[0]), text_height, legends):
         return None  # the first line of a block of text (a schematic's note), not a heading
     return rest_top
+
+
+def _first_line_of_text(
+    ink: np.ndarray,
+    bands: list[tuple[int, int]],
+    left: int,
+    text_height: float,
+    legends: np.ndarray | None,
+) -> bool:
+    """Whether the top band is the first line of a block of text. Over a plot (``legends``), a
+    legend's entry is no second line of a heading, however it lines up: on a small copy the two
+    lines' heights blur together."""
+    if not _next_line_of_text(ink, bands[0], bands[1], left):
+        return False
+    following = slice(*bands[1])
+    return legends is None or not _legend_like(legends[following], ink[following], text_height)
 
 
 def _next_line_of_text(ink: np.ndarray, band: tuple[int, int], following: tuple[int, int], left: int) -> bool:

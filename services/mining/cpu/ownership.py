@@ -377,8 +377,12 @@ def image_extents(faint: np.ndarray, box: IntBox) -> IntBox | None:
         return None
     side = max(crop.shape)
     k = max(5, round(DENSE_KERNEL * side))
-    closed = cv2.morphologyEx(crop, cv2.MORPH_CLOSE, np.ones((3, 3), np.uint8))
-    dense = cv2.morphologyEx(closed, cv2.MORPH_OPEN, np.ones((k, k), np.uint8))
+    # blank margins: OpenCV's erosion counts outside the crop as ink, so a frame line along the
+    # crop's edge (a header table's border) would pass for a picture's edge
+    padded = np.pad(crop, k)
+    closed = cv2.morphologyEx(padded, cv2.MORPH_CLOSE, np.ones((3, 3), np.uint8))
+    opened = cv2.morphologyEx(closed, cv2.MORPH_OPEN, np.ones((k, k), np.uint8))
+    dense = np.ascontiguousarray(opened[k:-k, k:-k])
     count, comp, stats, _ = cv2.connectedComponentsWithStats(dense, connectivity=8)
     area = crop.shape[0] * crop.shape[1]
     kept = []
