@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 13  # 13: frame lines at a part's edge are no picture; a legend is no heading's line
+MINER_REVISION = 14  # 14: a glyph where the labels' rows and columns meet is the missing letter
 
 
 @cache

@@ -28,6 +28,8 @@ MAX_SERIES_GAP = 2  # letters missing in a row before the series is taken to hav
 BAR_READINGS = frozenset({"I", "i", "l", "1", "|"})
 BAR_WIDTH = 0.3  # of its height: a bar glyph no wider than this is a sans-serif I
 LABEL_HEIGHT = 0.7  # of the labels' median height: a reading of a letter this tall may be it
+GRID_ROW = 0.3  # label heights: a glyph whose top is this near a label's tops its row
+GRID_COLUMN = 0.5  # label heights: one whose left edge is this near a label's starts its column
 SOLID_BAR = 0.85  # of its box a bar's ink fills (an l's hook or a 1's flag leave more blank)
 MAX_GLYPH_READS = 48  # lone glyphs read in search of unread labels, likeliest sizes first
 
@@ -182,7 +184,33 @@ def unread_labels(
             x1, y1, x2, y2 = bars[0]
             box = (float(x1), float(y1), float(x2), float(y2))
             best["i"] = LabelDetection(text=missing["i"], box=box, confidence=MIN_LABEL_CONFIDENCE, raw="|")
+    unread = [key for key in missing if key not in best]
+    if len(unread) == 1:
+        # a glyph the recogniser cannot read (a small copy's J is a bar with a one-pixel hook)
+        # standing where the labels' rows and columns meet is the one letter still missing
+        placed = [
+            box
+            for box in found
+            if _on_label_grid(box, series) and not any(_overlap(box, d.box) for d in best.values())
+        ]
+        if len(placed) == 1:
+            x1, y1, x2, y2 = placed[0]
+            best[unread[0]] = LabelDetection(
+                text=missing[unread[0]],
+                box=(float(x1), float(y1), float(x2), float(y2)),
+                confidence=MIN_LABEL_CONFIDENCE,
+                raw="",
+            )
     return list(best.values())
+
+
+def _on_label_grid(box: IntBox, series: list[LabelDetection]) -> bool:
+    """Whether ``box`` tops a row of the labels read and starts a column of them (not the same
+    label's): the place of a panel's label in a grid of panels."""
+    height = float(np.median([d.box[3] - d.box[1] for d in series]))
+    rows = {id(d) for d in series if abs(d.box[1] - box[1]) <= GRID_ROW * height}
+    columns = {id(d) for d in series if abs(d.box[0] - box[0]) <= GRID_COLUMN * height}
+    return bool(rows) and bool(columns) and len(rows | columns) >= 2
 
 
 def _solid_bar(ink: np.ndarray, factor: int, box: IntBox) -> bool:
