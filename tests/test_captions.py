@@ -26,6 +26,7 @@ from p2p.mining.lab.eval_captions import (
     normalize_for_compare,
     token_f1,
 )
+from p2p.mining.types import CaptionSplit
 
 # ---------------------------------------------------------------------------------------------
 # Label helpers
@@ -1140,3 +1141,54 @@ def test_members_named_by_their_numbers_alone_after_their_group() -> None:
         labels_complete=True,
     )
     assert inline.subcaptions["Ai"] == inline.subcaptions["Aii"] == "(A) Sections at 1 (i) and 2 (ii) months."
+
+
+def _nothing_shared(caption: str) -> CaptionSplit:
+    """``caption`` split on panels A to C, where no text after the last panel's is shared."""
+    split = split_caption(caption, labels=["A", "B", "C"], labels_complete=True)
+    assert split.shared_trailing == []
+    return split
+
+
+def test_the_last_panels_scale_bar_is_its_own_where_the_others_note_theirs() -> None:
+    # each panel notes its own bar: the one after the last panel's notes is the last panel's,
+    # not a note for every panel
+    caption = (
+        "Figure 6. Ovaries. (A) Blots of ovary extracts. Each group is of three mice. "
+        "(B) Sections of an ovary. Counterstaining with DAPI. Scale bar, 500 um. "
+        "(C) Sections of aged ovaries. Counterstaining with DAPI. Scale bar, 200 um. "
+        "Higher-power views were taken from the boxed areas."
+    )
+    split = _nothing_shared(caption)
+    assert split.subcaptions["A"] == "(A) Blots of ovary extracts. Each group is of three mice."
+    assert split.subcaptions["C"] == (
+        "(C) Sections of aged ovaries. Counterstaining with DAPI. Scale bar, 200 um. "
+        "Higher-power views were taken from the boxed areas."
+    )
+    # where no other panel notes one, the bar after the last panel's notes is for all
+    alone = (
+        "(A) Blots. Each group is of three mice. (B) Sections. Counterstaining with DAPI. Scale bars, 200 um."
+    )
+    assert split_caption(alone, labels=["A", "B"]).shared_trailing == ["Scale bars, 200 um."]
+
+
+def test_a_sentence_referring_back_to_an_earlier_panels_mice_is_the_last_panels_own() -> None:
+    caption = (
+        "(A) Mice were fed a high-fat diet for 97 d. Weight gain was averaged. "
+        "(B) Histology of fat pads. Sections were stained with H&E. "
+        "(C) Glucose tolerance test. Mice in (A) after high-fat feeding were fasted for 6 h. "
+        "Then blood glucose levels were measured over 2 h."
+    )
+    split = _nothing_shared(caption)
+    assert split.subcaptions["A"] == "(A) Mice were fed a high-fat diet for 97 d. Weight gain was averaged."
+    assert split.subcaptions["C"].endswith("Then blood glucose levels were measured over 2 h.")
+    # a statement about panels ("Results in A-C are ...") goes to the panels it names, without
+    # the last panel's own note before it
+    note = (
+        "(A) Survival. Mice were weighed. (B) Weight. Mice were fed. (C) Histology. "
+        "Filled squares mark diseased tissue. Results in A-C are representative of three experiments."
+    )
+    named = split_caption(note, labels=["A", "B", "C"], labels_complete=True)
+    assert named.subcaptions["A"] == (
+        "(A) Survival. Mice were weighed. Results in A-C are representative of three experiments."
+    )

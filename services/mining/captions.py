@@ -48,12 +48,14 @@ order, label tokens kept:
   fragment is a single sentence, or they open with a cue ("Arrows indicate", "Scale bars =",
   "All", "These", ...) and are not footnotes ("*P < 0.05") nor of a kind every panel repeats
   ("Original magnification ..." after each panel). A sentence naming only panels of a last group
-  is the group's ("(D-F) ... Arrows in E ...", "Scale bars, 1 cm (D) and 5 um (E, F)."); one
-  naming another panel ("(B) ... Arrow in A points to ...") starts the shared part. A bare
-  scale-bar value right after the last panel's text is its own when it is one bar ("(c) ...
-  Scale bar, 5 nm.") or the bars of a last group whose other panels note their own ("(1) ...;
-  scale bar, 1 cm. (2, 3) ... Scale bars, 20 nm."), and is shared when plural after a single panel
-  or after the last panel's notes ("... Arrows mark X. Scale bars, 1 mm."). A marker note naming
+  is the group's ("(D-F) ... Arrows in E ...", "Scale bars, 1 cm (D) and 5 um (E, F)."); a note
+  naming another panel ("(B) ... Arrow in A points to ...", "Results in A-C are ...") starts the
+  shared part, while a description that refers back to an earlier panel ("(E) ... Mice in (A)
+  were fasted ...") stays the last panel's own. A bare scale-bar value right after the last
+  panel's text is its own when it is one bar ("(c) ... Scale bar, 5 nm.") or when the other
+  panels note their own bars ("(1) ...; scale bar, 1 cm. (2, 3) ... Scale bars, 20 nm."), and is
+  shared when plural after a single panel or after the last panel's notes ("... Arrows mark X.
+  Scale bars, 1 mm."), where no other panel notes one. A marker note naming
   no panel ("Arrows indicate X.") is the last panel's when the other panels note their own
   markers, else shared on its own (which panels show such markers the caption leaves open: the
   miner keeps it for the panels whose images show them); the group's notes after it stay the
@@ -1350,7 +1352,7 @@ def _distribute(
             # "(K, L) ... Arrows in K ...", "(A-D) ... Scale bars, 1 cm (A) and 5 µm (D).": the
             # group's own text, for K and L, for A to D
             continue
-        if names and names - own_last and not names <= missing:
+        if names and names - own_last and not names <= missing and _note_about_panels(note):
             # "(B) ... Arrow in A points to ...", "Scale bars, 1 nm (a) and 0.2 nm (c, d)": about
             # other panels too, so no longer the last panel's own text.
             trailing_from = k
@@ -1358,9 +1360,11 @@ def _distribute(
         if not names and k == 0 and _own_scale_note(note, scale_elsewhere and len(own_last) >= 2):
             first = False
             continue  # "(c) ... Scale bar, 5 nm.": one bar, or every panel notes its own
-        if not names and _SCALE_VALUE_RE.match(note) and (len(own_last) == 1 or k > 0):
+        closing_bars = not scale_elsewhere and (len(own_last) == 1 or k > 0)
+        if not names and _SCALE_VALUE_RE.match(note) and closing_bars:
             # "(d) ... Scale bars, 50 um.": bars of several panels, not only (d)'s; after the last
-            # group's own notes ("... Arrows in E mark X. Scale bars, 1 mm.") a closing note.
+            # group's own notes ("... Arrows in E mark X. Scale bars, 1 mm.") a closing note. Where
+            # the other panels note their own bars, the last one's is its own too.
             trailing_from = k
             break
         if not names and _MARKER_NOTE_RE.match(note):
@@ -1598,6 +1602,26 @@ def _own_scale_note(note: str, others_note: bool) -> bool:
     (``others_note``: "(A) ...; scale bar, 1 cm. (B, C) ... Scale bars, 20 nm.")."""
     m = _SCALE_VALUE_RE.match(note)
     return bool(m and (others_note or m.group("bars").lower() == "bar"))
+
+
+# "Results in A-C are ...", "Arrows in (K) point ...": panels named as the subject of a statement
+_PANELS_THEN_VERB_RE = re.compile(
+    r"\b(?:in|of)\s{1,3}\(?[A-Za-z](?:\s{0,2}(?:[-\u2013,]|and)\s{0,2}[A-Za-z])*\)?"
+    + _REF_VERB_AFTER_RE.pattern
+)
+
+
+def _note_about_panels(sentence: str) -> bool:
+    """A note that points into other panels' images or states what holds for them (markers,
+    scale bars, data, "all"), not a description that refers back to an earlier panel's
+    experiment ("Mice in (A) after feeding were fasted ...")."""
+    return bool(
+        _MARKER_NOTE_RE.match(sentence)
+        or _PANELS_THEN_VERB_RE.search(sentence)
+        or _SCALE_MENTION_RE.search(sentence)
+        or _SHARED_START_RE.match(sentence)
+        or _SHARED_ANY_RE.search(sentence)
+    )
 
 
 def _is_own_sentence(sentence: str) -> bool:
