@@ -535,25 +535,28 @@ def test_a_header_tables_frame_along_the_parts_edge_is_no_picture() -> None:
 
 
 def test_a_glyph_where_the_labels_rows_and_columns_meet_is_the_missing_letter() -> None:
-    """A small copy's J is a two-pixel bar with a one-pixel hook, and the recogniser reads
-    nothing in it. Drawn after A to E, on the row of D and E and in the column of C, it is the
-    one letter the series still lacks (F here). Off the labels' columns, or with a second such
-    glyph in B's column, nothing is taken."""
+    """A small copy's letter can be a two-pixel bar with a one-pixel hook that the recogniser
+    reads nothing in. A to E head the first row; F and G stand under B and C. Such a glyph on
+    their row and in D's column is the one letter the series still lacks (H here). Off the
+    labels' columns, under A (before F in the labels' order), or beside a second one under E,
+    nothing is taken."""
     from PIL import Image, ImageDraw
 
     from tests.test_labels import font
 
-    picture = Image.new("RGB", (460, 640), "white")
+    places = {"A": (20, 20), "B": (160, 20), "C": (300, 20), "D": (440, 20), "E": (580, 20)}
+    places |= {"F": (160, 340), "G": (300, 340)}
+    picture = Image.new("RGB", (720, 640), "white")
     draw = ImageDraw.Draw(picture)
     read = []
-    places = {"A": (20, 20), "B": (160, 20), "C": (300, 20), "D": (20, 340), "E": (230, 340)}
     for letter, (x, y) in places.items():
         draw.text((x, y), letter, fill="black", font=font(28, "DejaVuSans.ttf"))
         box = tuple(float(v) for v in draw.textbbox((x, y), letter, font=font(28, "DejaVuSans.ttf")))
         read.append(LabelDetection(text=letter, box=box, confidence=0.9, raw=letter))  # type: ignore[arg-type]
         draw.rectangle((x + 10, y + 60, x + 110, y + 280), fill=(90, 90, 90))
     image = np.asarray(picture).copy()
-    top, height = round(read[3].box[1]), round(read[3].box[3] - read[3].box[1])
+    top, height = round(read[5].box[1]), round(read[5].box[3] - read[5].box[1])
+    column = {letter: round(d.box[0]) for letter, d in zip(places, read, strict=True)}
 
     def hooked_bar(at: int, value: int = 60) -> None:
         image[top : top + height, at + 3 : at + 5] = value
@@ -561,13 +564,14 @@ def test_a_glyph_where_the_labels_rows_and_columns_meet_is_the_missing_letter() 
 
     def found() -> list[tuple[str, float]]:
         ink, factor = working_ink(image)
-        return [(d.text, d.box[0]) for d in unread_labels(image, ink, factor, read, [], "F")]
+        return [(d.text, d.box[0]) for d in unread_labels(image, ink, factor, read, [], "H")]
 
-    column_c = round(read[2].box[0])
-    hooked_bar(column_c + 60)
+    hooked_bar(column["D"] + 60)
     assert found() == []  # off the columns: no label's place
-    hooked_bar(column_c + 60, 255)
-    hooked_bar(column_c)
-    assert found() == [("F", float(column_c + 2))]
-    hooked_bar(round(read[1].box[0]))  # a second glyph on the grid: which is the F is not clear
+    hooked_bar(column["D"] + 60, 255)
+    hooked_bar(column["A"])
+    assert found() == []  # under A: before F in the labels' order
+    hooked_bar(column["D"])
+    assert found() == [("H", float(column["D"] + 2))]
+    hooked_bar(column["E"])  # a second glyph on the grid, after G: which is the H is not clear
     assert found() == []

@@ -191,7 +191,9 @@ def unread_labels(
         placed = [
             box
             for box in found
-            if _on_label_grid(box, series) and not any(_overlap(box, d.box) for d in best.values())
+            if _on_label_grid(box, series)
+            and _in_series_order(box, unread[0], series)
+            and not any(_overlap(box, d.box) for d in best.values())
         ]
         if len(placed) == 1:
             x1, y1, x2, y2 = placed[0]
@@ -202,6 +204,22 @@ def unread_labels(
                 raw="",
             )
     return list(best.values())
+
+
+def _in_series_order(box: IntBox, letter: str, series: list[LabelDetection]) -> bool:
+    """Whether ``box`` lies where ``letter`` goes in the order the labels follow (by rows or by
+    columns): after the label of the letter before it and before that of the letter after it."""
+    x1, y1, x2, y2 = (float(v) for v in box)
+    at = LabelDetection(text=letter, box=(x1, y1, x2, y2), confidence=0.0)
+    before = [d for d in series if len(d.text) == 1 and d.text.lower() < letter]
+    after = [d for d in series if len(d.text) == 1 and d.text.lower() > letter]
+    previous = max(before, key=lambda d: d.text.lower(), default=None)
+    following = min(after, key=lambda d: d.text.lower(), default=None)
+    return any(
+        (previous is None or _after(at, previous, rows=rows))
+        and (following is None or _after(following, at, rows=rows))
+        for rows in (True, False)
+    )
 
 
 def _on_label_grid(box: IntBox, series: list[LabelDetection]) -> bool:
