@@ -7,6 +7,7 @@ import pytest
 
 from p2p.shared.storage import (
     ChecksumMismatch,
+    HashedBytes,
     LocalObjectStore,
     ObjectNotFound,
     ObjectStore,
@@ -15,6 +16,7 @@ from p2p.shared.storage import (
     content_key,
     validate_key,
 )
+from tests.helpers import Sha256Bytes
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -169,3 +171,35 @@ def test_s3_keeps_a_connection_for_each_of_many_requests_at_once(
     pools = list(s3_store.client._http.pools._container.values())  # type: ignore[attr-defined]
     kept = [conn for pool in pools if pool.pool is not None for conn in pool.pool.queue if conn is not None]
     assert len(kept) >= at_once
+
+
+def test_a_hashed_body_is_stored_without_hashing_it_again(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = bytes(range(256)) * 4096
+    body = HashedBytes(data)
+    assert body.sha256 == hashlib.sha256(data).hexdigest()
+    key = content_key(body.sha256, "bin")
+    hashed = Sha256Bytes().install(monkeypatch)
+    store.put(key, body, size=len(data), sha256=body.sha256, content_type="application/octet-stream")
+    assert hashed.total < len(data)  # the request's signature hashes a few hundred bytes
+    assert store.get_bytes(key) == data
+
+
+def test_a_hashed_body_sends_the_bytes_it_hashed(store: ObjectStore) -> None:
+    # Whatever is written through the stream, the store sends the bytes the hash was taken from.
+    data = b"the bytes that were hashed" * 100
+    body = HashedBytes(data)
+    body.write(b"X" * 50)
+    body.seek(0)
+    store.put("hashed/a.bin", body, size=len(data), sha256=body.sha256, content_type="text/plain")
+    assert store.get_bytes("hashed/a.bin") == data
+
+
+def test_a_hashed_body_that_is_not_what_the_caller_hashed_stores_nothing(store: ObjectStore) -> None:
+    body = HashedBytes(b"payload")
+    for size, sha in ((7, "0" * 64), (8, body.sha256)):
+        with pytest.raises(ChecksumMismatch):
+            store.put("bad/hashed", body, size=size, sha256=sha, content_type="text/plain")
+    assert not store.exists("bad/hashed")
+    assert list(store.list("bad/")) == []
