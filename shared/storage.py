@@ -7,6 +7,7 @@ sending anything, and checks the server's ETag against the MD5 of what it sent).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import io
@@ -243,6 +244,10 @@ if TYPE_CHECKING:
 # threw it away after one PUT, a TCP handshake on both sides per figure.
 S3_MAX_CONNECTIONS = 64
 
+# S3's additional checksum of a PUT's body: the server verifies it (a mismatch is BadDigest) and
+# sends it back when it did (AWS S3, SeaweedFS).
+CHECKSUM_HEADER = "x-amz-checksum-sha256"
+
 
 def _connection_pool(max_connections: int) -> urllib3.PoolManager:
     """Minio's default HTTP client (timeouts, retries, CA bundle), keeping ``max_connections``."""
@@ -309,14 +314,16 @@ class S3ObjectStore:
     def put(self, key: str, stream: BinaryIO, *, size: int, sha256: str, content_type: str) -> None:
         """One PUT of the whole body, hashed once here (or already, a :class:`HashedBytes`): a body
         that is not what the caller hashed is refused before anything is sent; the sha256 also
-        signs the request (the client does not hash it again), and the MD5 is checked against the
-        ETag the server computed from what it stored."""
+        signs the request (the client does not hash it again) and goes with it as its checksum
+        (``x-amz-checksum-sha256``): a server that checks it refuses a body that arrived otherwise
+        and says so by sending it back. Only from a server that does not is the ETag it computed
+        from what it stored compared with the body's MD5 (1.1 ms of CPU per MB here)."""
         from minio.error import S3Error
 
         key = validate_key(key)
         body, sent_sha = _hashed_body(stream, size)
         _check_body(key, len(body), sent_sha, size=size, sha256=sha256)
-        md5 = hashlib.md5(body, usedforsecurity=False).hexdigest()
+        checksum = base64.b64encode(bytes.fromhex(sent_sha)).decode()
         client = self.client
         client.known_payload.body = (len(body), sent_sha)  # type: ignore[attr-defined]
         try:
@@ -328,16 +335,28 @@ class S3ObjectStore:
                 length=size,
                 content_type=content_type,
                 part_size=max(size, 5 * CHUNK),
-                metadata={"x-amz-meta-sha256": sha256},
+                metadata={"x-amz-meta-sha256": sha256, CHECKSUM_HEADER: checksum},
             )
+        except S3Error as exc:
+            if exc.code == "BadDigest":
+                raise ChecksumMismatch(
+                    f"object {key}: the server received a body whose sha256 is not {sha256}; "
+                    "nothing was stored"
+                ) from exc
+            raise
         finally:
             client.known_payload.body = None  # type: ignore[attr-defined]
+        echoed = result.http_headers.get(CHECKSUM_HEADER)
+        if echoed == checksum:
+            return  # the server checked what it received against the sha256: no MD5 to compare
         etag = (result.etag or "").strip('"')
-        if etag != md5:
+        md5 = hashlib.md5(body, usedforsecurity=False).hexdigest()
+        if echoed is not None or etag != md5:
             with contextlib.suppress(S3Error):
                 client.remove_object(self.bucket, key)
             raise ChecksumMismatch(
-                f"object {key}: the server stored ETag {etag}, the body sent has MD5 {md5}"
+                f"object {key}: the server stored ETag {etag} (sha256 {echoed or 'not given'}), the body "
+                f"sent has MD5 {md5} (sha256 {checksum})"
             )
 
     def exists(self, key: str) -> bool:
