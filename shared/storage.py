@@ -2,7 +2,9 @@
 
 Writes are verified: the store hashes the bytes it actually writes and refuses (and removes)
 an object whose sha256 differs from the one the caller computed beforehand (S3 refuses it before
-sending anything, and checks the server's ETag against the MD5 of what it sent).
+sending anything, and has the server check the body against that sha256, or, from a server that
+does not, checks its ETag against the MD5 of what it sent). A :class:`HashedBytes` body was hashed
+already, from the very bytes that are sent: it is not hashed again.
 """
 
 from __future__ import annotations
