@@ -11,7 +11,8 @@ code) or this one's, with ``--a-env``; B runs this worktree's code with ``--b-en
 
 Per slice: images/s, the server's CPU ms per image, the other processes' cores, and the server's
 CPU per image by thread (event loop, preparation pool, model workers), from psutil's per-thread
-times; the thread names come from ``py-spy dump`` when py-spy is installed (otherwise one total).
+times; the thread names come from ``py-spy dump`` when py-spy is installed (otherwise one total);
+the mean images per model call of the window (`mean_batch`, from the server's `/metrics`).
 On a shared machine the images/s of 4-s slices move with the other jobs' load; CPU ms per image,
 and its split by thread, is what separates two versions of the code.
 """
@@ -66,15 +67,30 @@ class ThreadCpu:
         return out
 
 
+def image_batches(server: eb.ServerProcess) -> tuple[float, float]:
+    """(model calls, images) of the server's image micro-batcher so far, from ``/metrics``."""
+    import httpx
+
+    calls = images = 0.0
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith('p2p_embedding_batch_size_count{kind="images"}'):
+            calls = float(line.split()[-1])
+        elif line.startswith('p2p_embedding_batch_size_sum{kind="images"}'):
+            images = float(line.split()[-1])
+    return calls, images
+
+
 def one_slice(
     server: eb.ServerProcess, cpu: ThreadCpu, meter: eb.CpuMeter, args: Any, blobs: list[bytes], per: int
 ) -> dict[str, Any]:
     # The load generator measures after its own warm-up; the threads are sampled around the
     # measured window only, so the warm-up runs apart (0.7 s) and the measured run has none.
     eb.service_throughput(server, blobs, args.clients, 0.7, 0.0, meter, per_request=per)
-    before = cpu.sample()
+    before, batches_before = cpu.sample(), image_batches(server)
     res = eb.service_throughput(server, blobs, args.clients, args.slice, 0.0, meter, per_request=per)
-    after = cpu.sample()
+    after, batches_after = cpu.sample(), image_batches(server)
+    calls = batches_after[0] - batches_before[0]
     n = max(res["images"], 1)
     c = res["cpu"]
     server_ms = 1000 * c["server_cores"] * c["wall_s"] / n
@@ -92,6 +108,8 @@ def one_slice(
         "other_cores": c["other_cores"],
         "errors": res["errors"],
         "cpu_ms_per_image_by_thread": {k: v for k, v in by_thread.items() if v >= 0.01},
+        # Images per model call in the window (the model's CPU per image falls with batch size).
+        "mean_batch": round((batches_after[1] - batches_before[1]) / calls, 2) if calls else None,
     }
 
 

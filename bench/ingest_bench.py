@@ -1002,7 +1002,7 @@ INGEST_TOTAL = "ingest_figure total"
 REQUEST_TOTAL = "request total (in-process)"
 DB_REST = "database (lookups, inserts, commits) + rest of ingest_figure"
 INGEST_STAGES = [
-    "sha256 + size (digest_stream)",
+    "sha256 + size (digest_upload)",
     "Pillow identify + decode (inspect_image)",
     "object store exists()",
     "object store put()",
@@ -1027,8 +1027,8 @@ def instrumented(runtime: Any, clock: StageClock) -> Iterator[None]:
     """Time the stages of the product's ``ingest_figure`` by wrapping what it calls."""
     from p2p.ingest import service
 
-    saved = (service.digest_stream, service.inspect_image)
-    service.digest_stream = clock.wrap("sha256 + size (digest_stream)", service.digest_stream)
+    saved = (service.digest_upload, service.inspect_image)
+    service.digest_upload = clock.wrap("sha256 + size (digest_upload)", service.digest_upload)
     service.inspect_image = clock.wrap("Pillow identify + decode (inspect_image)", service.inspect_image)
     store, dispatcher = runtime.store, runtime.dispatcher
     store.exists = clock.wrap("object store exists()", store.exists)
@@ -1037,7 +1037,7 @@ def instrumented(runtime: Any, clock: StageClock) -> Iterator[None]:
     try:
         yield
     finally:
-        service.digest_stream, service.inspect_image = saved
+        service.digest_upload, service.inspect_image = saved
         for obj, names in ((store, ("exists", "put")), (dispatcher, ("send",))):
             for name in names:
                 with contextlib.suppress(AttributeError):

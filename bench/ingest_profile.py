@@ -31,7 +31,7 @@ import ingest_bench as ib
 STAGES = (
     ("p2p.shared.deps", "_admit"),
     ("p2p.ingest.service", "ingest_one"),
-    ("p2p.ingest.service", "digest_stream"),
+    ("p2p.ingest.service", "digest_upload"),
     ("p2p.ingest.service", "inspect_image"),
     ("p2p.ingest.service", "_dispatch"),
     ("p2p.ingest.service", "_insert_figure"),

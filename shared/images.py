@@ -11,6 +11,7 @@ from typing import BinaryIO
 from PIL import Image, UnidentifiedImageError
 
 from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from p2p.shared.storage import HashedBytes
 
 CHUNK = 1024 * 1024
 
@@ -61,6 +62,35 @@ def digest_stream(stream: BinaryIO, *, max_bytes: int) -> Digest:
         digest.update(chunk)
     stream.seek(0)
     return Digest(sha256=digest.hexdigest(), size=size)
+
+
+# Uploads up to this size are hashed from one in-memory copy that the object store then sends as it
+# is (no second read, no second hash); larger ones are hashed in chunks and read again by the store.
+IN_MEMORY_BYTES = 16 * CHUNK
+
+
+def digest_upload(stream: BinaryIO, *, max_bytes: int) -> tuple[Digest, BinaryIO]:
+    """sha256 and size of an upload, and the stream to read it from afterwards: a
+    :class:`~p2p.shared.storage.HashedBytes` over its bytes when it fits in ``IN_MEMORY_BYTES``
+    (the store sends those bytes without hashing them again), else ``stream`` itself, rewound."""
+    stream.seek(0)
+    head = stream.read(min(max_bytes, IN_MEMORY_BYTES) + 1)
+    if len(head) <= IN_MEMORY_BYTES:
+        if len(head) > max_bytes:
+            raise PayloadTooLarge(f"image is larger than the {max_bytes}-byte limit")
+        body = HashedBytes(head)
+        return Digest(sha256=body.sha256, size=len(head)), body
+    digest = hashlib.sha256()
+    size = 0
+    chunk = head
+    while chunk:
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"image is larger than the {max_bytes}-byte limit")
+        digest.update(chunk)
+        chunk = stream.read(CHUNK)
+    stream.seek(0)
+    return Digest(sha256=digest.hexdigest(), size=size), stream
 
 
 class _KeepOpen:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from celery import Celery
 from celery.signals import before_task_publish
@@ -132,6 +133,37 @@ class TaskDispatcher(Protocol):
     def close(self) -> None: ...
 
 
+def _publishing_transport() -> type[Any]:
+    """kombu's Redis transport with a channel that keeps its synchronous Redis client: kombu's own
+    builds a ``redis.Redis`` for every publish (registering its ~170 response callbacks each time:
+    a quarter of a publish's CPU, bench/README.md, ingest). The client is a handle on the
+    channel's connection pool, which stays the channel's; a channel is used by one thread at a
+    time (the dispatcher's connection pool hands each connection to one sender)."""
+    from kombu.transport import redis as kombu_redis
+
+    class Channel(kombu_redis.Channel):
+        _kept_client: Any = None
+
+        def _create_client(self, asynchronous: bool = False) -> Any:
+            if asynchronous:
+                return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]
+            if self._kept_client is None:
+                self._kept_client = super()._create_client()  # type: ignore[no-untyped-call]
+            return self._kept_client
+
+    class Transport(kombu_redis.Transport):
+        pass
+
+    Transport.Channel = Channel
+    return Transport
+
+
+def _write_connection(app: Celery, broker_url: str) -> Any:
+    if urlsplit(broker_url).scheme in ("redis", "rediss"):
+        return app.connection_for_write(broker_url, transport=_publishing_transport())
+    return app.connection_for_write(broker_url)
+
+
 class CeleryDispatcher:
     """Publishes to the broker through a connection pool of its own, so a process can hold
     dispatchers for different brokers without touching the app's global configuration."""
@@ -142,7 +174,7 @@ class CeleryDispatcher:
         self.app = app
         self.settings = settings
         self.broker_url = broker_url  # read by the recovery sweep to look for a job's message
-        self._connection = app.connection_for_write(broker_url)
+        self._connection = _write_connection(app, broker_url)
         self._pool = self._connection.Pool(limit=pool_limit)
 
     def send(self, task_name: str, *, args: list[Any], queue: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import random
@@ -125,3 +126,30 @@ def wait_for(check: Any, timeout: float, what: str = "a condition", interval: fl
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class Sha256Bytes:
+    """Counts the bytes every ``hashlib.sha256`` made while installed hashes (its first argument
+    and every ``update``), whoever makes it: a test reads how many passes a body was hashed in."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._real = hashlib.sha256
+
+    def install(self, monkeypatch: Any) -> Sha256Bytes:
+        counter = self
+
+        class Counting:
+            def __init__(self, data: bytes = b"", **kwargs: Any) -> None:
+                self._hash = counter._real(data, **kwargs)
+                counter.total += len(data)
+
+            def update(self, data: bytes) -> None:
+                counter.total += len(data)
+                self._hash.update(data)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._hash, name)
+
+        monkeypatch.setattr(hashlib, "sha256", Counting)
+        return self

@@ -429,6 +429,23 @@ def test_microbatcher_runs_image_batches_side_by_side(tiny: EmbeddingModel):
         MicroBatcher(tiny, image_workers=0)
 
 
+def test_the_default_micro_batch_hands_the_model_at_most_sixteen_images(tiny: EmbeddingModel):
+    """Past 16 images per call the default model spends more CPU per image (bench/README.md)."""
+    from p2p.embedding_api.app import make_batcher
+    from p2p.shared.settings import EmbeddingSettings
+
+    recorder = Recorder(tiny)
+    pics = images(40, seed=10)
+
+    async def run() -> np.ndarray:
+        async with make_batcher(recorder, EmbeddingSettings()) as batcher:
+            return await asyncio.wait_for(batcher.embed_images(pics), 60)
+
+    rows = asyncio.run(run())
+    assert sum(recorder.sizes) == 40 and max(recorder.sizes) == 16
+    np.testing.assert_allclose(rows, tiny.encode_images(pics), atol=1e-5)
+
+
 def test_microbatcher_prepare_runs_beside_the_event_loop(tiny: EmbeddingModel):
     import threading
 

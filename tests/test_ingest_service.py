@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import threading
 from collections.abc import Iterator
@@ -14,12 +15,13 @@ from PIL import Image
 from sqlalchemy import event
 
 from p2p.ingest.service import ingest_one
+from p2p.shared import images
 from p2p.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from p2p.shared.images import digest_stream, inspect_image
+from p2p.shared.images import digest_stream, digest_upload, inspect_image
 from p2p.shared.runtime import Runtime
 from p2p.shared.schemas import ArticleIn, FigureMetadata
-from p2p.shared.storage import StorageError
-from tests.helpers import image_bytes, object_count, row_counts
+from p2p.shared.storage import HashedBytes, StorageError
+from tests.helpers import Sha256Bytes, image_bytes, object_count, row_counts
 
 
 def _ingest(
@@ -146,6 +148,46 @@ def test_digest_refuses_past_the_cap_without_reading_on() -> None:
     with pytest.raises(PayloadTooLarge):
         digest_stream(stream, max_bytes=1024 * 1024)
     assert Counting.read_bytes <= 2 * 1024 * 1024
+
+
+def test_an_upload_that_fits_in_memory_is_hashed_into_bytes_the_store_sends_as_they_are() -> None:
+    data = b"x" * 5000
+    digest, body = digest_upload(io.BytesIO(data), max_bytes=5000)
+    assert isinstance(body, HashedBytes) and body.data == data
+    assert (digest.sha256, digest.size) == (hashlib.sha256(data).hexdigest(), 5000) == (body.sha256, 5000)
+    with pytest.raises(PayloadTooLarge):
+        digest_upload(io.BytesIO(data), max_bytes=4999)
+
+
+def test_an_upload_too_large_to_hold_is_hashed_in_chunks_and_handed_back_rewound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(images, "IN_MEMORY_BYTES", 1000)
+    data = bytes(range(256)) * 20
+    stream = io.BytesIO(data)
+    digest, body = digest_upload(stream, max_bytes=len(data))
+    assert body is stream and stream.tell() == 0
+    assert (digest.sha256, digest.size) == (hashlib.sha256(data).hexdigest(), len(data))
+    for cap in (len(data) - 1, 1000):  # over the cap in the chunks, and right past the first read
+        with pytest.raises(PayloadTooLarge):
+            digest_upload(io.BytesIO(data), max_bytes=cap)
+
+
+@pytest.mark.parametrize("store_kind", ["s3", "local"], indirect=True)
+def test_a_new_figure_is_hashed_once_from_upload_to_store(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes hashed on arrival are the bytes the store sends: no second sha256 of the upload."""
+    noise = np.random.default_rng(91).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(noise).save(out, format="PNG")
+    data = out.getvalue()  # ~360 kB: far more than what else is hashed on the way
+    hashed = Sha256Bytes().install(monkeypatch)
+    outcome = _ingest(runtime, data, "hashed once")
+    assert not outcome.duplicate
+    # One pass over the upload; the rest is the caption's hash and the request's signature.
+    assert len(data) <= hashed.total < len(data) + 4096
+    assert runtime.store.get_bytes(outcome.figure.object_key) == data
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "TIFF", "GIF", "BMP", "WEBP"])

@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+from typing import Any
 
 import pytest
 
 from p2p.shared.storage import (
+    CHECKSUM_HEADER,
     ChecksumMismatch,
+    HashedBytes,
     LocalObjectStore,
     ObjectNotFound,
     ObjectStore,
@@ -15,6 +18,7 @@ from p2p.shared.storage import (
     content_key,
     validate_key,
 )
+from tests.helpers import Sha256Bytes
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -169,3 +173,91 @@ def test_s3_keeps_a_connection_for_each_of_many_requests_at_once(
     pools = list(s3_store.client._http.pools._container.values())  # type: ignore[attr-defined]
     kept = [conn for pool in pools if pool.pool is not None for conn in pool.pool.queue if conn is not None]
     assert len(kept) >= at_once
+
+
+def test_a_hashed_body_is_stored_without_hashing_it_again(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = bytes(range(256)) * 4096
+    body = HashedBytes(data)
+    assert body.sha256 == hashlib.sha256(data).hexdigest()
+    key = content_key(body.sha256, "bin")
+    hashed = Sha256Bytes().install(monkeypatch)
+    store.put(key, body, size=len(data), sha256=body.sha256, content_type="application/octet-stream")
+    assert hashed.total < len(data)  # the request's signature hashes a few hundred bytes
+    assert store.get_bytes(key) == data
+
+
+def test_a_hashed_body_sends_the_bytes_it_hashed(store: ObjectStore) -> None:
+    # Whatever is written through the stream, the store sends the bytes the hash was taken from.
+    data = b"the bytes that were hashed" * 100
+    body = HashedBytes(data)
+    body.write(b"X" * 50)
+    body.seek(0)
+    store.put("hashed/a.bin", body, size=len(data), sha256=body.sha256, content_type="text/plain")
+    assert store.get_bytes("hashed/a.bin") == data
+
+
+def test_a_hashed_body_that_is_not_what_the_caller_hashed_stores_nothing(store: ObjectStore) -> None:
+    body = HashedBytes(b"payload")
+    for size, sha in ((7, "0" * 64), (8, body.sha256)):
+        with pytest.raises(ChecksumMismatch):
+            store.put("bad/hashed", body, size=size, sha256=sha, content_type="text/plain")
+    assert not store.exists("bad/hashed")
+    assert list(store.list("bad/")) == []
+
+
+def _count_md5(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Lengths of the MD5s taken from now on, anywhere."""
+    taken: list[int] = []
+    real = hashlib.md5
+
+    def counting(data: bytes = b"", **kwargs: Any) -> Any:
+        taken.append(len(data))
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(hashlib, "md5", counting)
+    return taken
+
+
+def test_s3_put_leaves_the_body_check_to_a_server_that_verifies_its_sha256(
+    s3_store: S3ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SeaweedFS checks x-amz-checksum-sha256 and sends it back: no MD5 of the body to compare.
+    data = bytes(range(256)) * 4096
+    md5s = _count_md5(monkeypatch)
+    _put(s3_store, "checked/a.bin", data)
+    assert not [n for n in md5s if n >= len(data)]
+    assert s3_store.get_bytes("checked/a.bin") == data
+
+
+def test_s3_a_body_the_server_finds_otherwise_than_hashed_is_not_stored(s3_store: S3ObjectStore) -> None:
+    # The body arrives with a sha256 that is not its own (as if changed on the way): the server
+    # refuses it.
+    data = b"what was sent" * 100
+    body = HashedBytes(data)
+    body.sha256 = hashlib.sha256(b"what was meant").hexdigest()
+    with pytest.raises(ChecksumMismatch):
+        s3_store.put("bad/sent", body, size=len(data), sha256=body.sha256, content_type="text/plain")
+    assert not s3_store.exists("bad/sent")
+
+
+def test_s3_without_the_server_checking_the_sha256_the_etag_is_compared_with_the_md5(
+    s3_store: S3ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server that does not check x-amz-checksum-sha256 does not send it back: the real
+    # answer without that header stands for one.
+    client = s3_store.client
+    real_put = client.put_object
+
+    def unchecked(*args: Any, **kwargs: Any) -> Any:
+        result = real_put(*args, **kwargs)
+        result.http_headers.pop(CHECKSUM_HEADER, None)
+        return result
+
+    monkeypatch.setattr(client, "put_object", unchecked)
+    data = bytes(range(256)) * 4096
+    md5s = _count_md5(monkeypatch)
+    _put(s3_store, "etag/a.bin", data)
+    assert len(data) in md5s
+    assert s3_store.get_bytes("etag/a.bin") == data

@@ -21,7 +21,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from p2p.shared.db.base import new_id, utcnow
 from p2p.shared.db.models import Article, Figure, FigureStatus, JobStatus, MiningJob
 from p2p.shared.errors import InvalidInput, broker_unavailable
-from p2p.shared.images import ImageInfo, digest_stream, inspect_image
+from p2p.shared.images import ImageInfo, digest_upload, inspect_image
 from p2p.shared.jobs import MINING
 from p2p.shared.licenses import license_group, normalize_license
 from p2p.shared.queue import MINE_FIGURE_TASK, TaskDispatcher, mining_queue
@@ -100,7 +100,9 @@ def ingest_figure(
     ``record`` writes what the caller keeps about the figure (a batch item) in the figure's own
     transaction, so a process killed in between cannot leave one without the other."""
     caption = validate_caption(caption, max_chars=settings.ingest.max_caption_chars)
-    digest = digest_stream(image, max_bytes=settings.ingest.max_upload_bytes)
+    # From here on ``image`` is the upload as hashed: its bytes in memory (the store sends them
+    # without reading and hashing them again) unless it is too large to hold.
+    digest, image = digest_upload(image, max_bytes=settings.ingest.max_upload_bytes)
     if digest.size == 0:
         raise InvalidInput("the image is empty", error_type="not_an_image")
     info = inspect_image(
@@ -311,6 +313,16 @@ def _ensure_job(session: Session, figure: Figure, settings: Settings) -> MiningJ
     return job
 
 
+def _send_job(dispatcher: TaskDispatcher, job: MiningJob) -> bool:
+    """Publish the job's mining task; False when the dispatcher does not take it here."""
+    return dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend))
+
+
+def _job_accepted(dispatcher: TaskDispatcher, job: MiningJob) -> bool:
+    """Whether :func:`_send_job` would hand the job over, without sending it."""
+    return dispatcher.accepts(MINE_FIGURE_TASK, mining_queue(job.backend))
+
+
 def _stamp_unsent(job: MiningJob, dispatcher: TaskDispatcher) -> datetime | None:
     """Marks a queued job never sent as sent now, to go in with the caller's commit (the publish
     follows the commit: the worker that takes the job must find it); None when it was sent before,
@@ -318,7 +330,7 @@ def _stamp_unsent(job: MiningJob, dispatcher: TaskDispatcher) -> datetime | None
     mining: the job stays queued, never sent, with no stamp to clear)."""
     if job.enqueued_at is not None or job.status != JobStatus.QUEUED:
         return None
-    if not dispatcher.accepts(MINE_FIGURE_TASK, mining_queue(job.backend)):
+    if not _job_accepted(dispatcher, job):
         return None
     job.enqueued_at = utcnow()
     return job.enqueued_at
@@ -343,14 +355,14 @@ def _dispatch(
     ``requeue_after_s`` has passed (``p2p.shared.recovery``)."""
     try:
         if stamp is not None:
-            if dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend)):
+            if _send_job(dispatcher, job):
                 return
             _unstamp(session, job, stamp)
             return
         if job.enqueued_at is None and job.status == JobStatus.QUEUED:
             # Never sent, and the dispatcher said it would not take it: it says so again (and logs
             # that the job stays queued); should it take it after all, the stamp follows.
-            if dispatcher.send(MINE_FIGURE_TASK, args=[str(job.id)], queue=mining_queue(job.backend)):
+            if _send_job(dispatcher, job):
                 job.enqueued_at = utcnow()
                 session.commit()
             return
