@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from p2p.mining.captions import find_marker_mentions, split_caption
+from p2p.mining.cpu.colour_bars import without_colour_bar
 from p2p.mining.cpu.context import Stage, StageContext, check_order
 from p2p.mining.cpu.headings import without_top_heading
 from p2p.mining.cpu.imaging import full_size_analysis
@@ -327,6 +328,17 @@ class _HeadingStage:
         ctx.candidates = out
 
 
+def _colour_bars(ctx: StageContext) -> None:
+    """A colour bar beside an image panel goes to its outer box (``cpu.colour_bars``)."""
+    out = []
+    for cand, (kind, _) in zip(ctx.candidates, ctx.panel_types, strict=True):
+        trimmed = without_colour_bar(ctx.image, cand.box) if kind == "image" else None
+        out.append(
+            cand if trimmed is None else replace(cand, box=trimmed, outer_box=cand.outer_box or cand.box)
+        )
+    ctx.candidates = out
+
+
 def _reading_order(ctx: StageContext) -> None:
     ctx.candidates, ctx.labels = in_reading_order(ctx.candidates, ctx.labels)
 
@@ -542,6 +554,7 @@ def cpu_stages(miner: CpuMiner) -> tuple[Stage, ...]:
             ("candidates",),
             _HeadingStage(p.headings),
         ),
+        Stage("panels_colour_bars", ("image", "candidates", "panel_types"), ("candidates",), _colour_bars),
         Stage(
             "subcaptions",
             ("caption", "candidates", "labels", "detections", "panel_types", "split"),

@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 16  # 16: a glyph on the labels' grid is the missing letter only in series order
+MINER_REVISION = 17  # 17: a colour bar beside an image panel goes to its outer box
 
 
 @cache
