@@ -1,4 +1,5 @@
-"""A colour bar beside an image panel goes to the panel's outer box; an image strip stays."""
+"""Image panels as the segmenter cut them: a colour bar beside one, and the headers and row
+labels round a grid of pictures, go to the outer box; a picture strip and grey pictures stay."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 
 from p2p.mining.cpu.colour_bars import without_colour_bar
 from p2p.mining.cpu.context import StageContext
+from p2p.mining.cpu.ownership import picture_boxes
 from p2p.mining.pipeline import _colour_bars
 from p2p.mining.types import PanelCandidate
 
@@ -52,3 +54,33 @@ def test_the_stage_trims_image_panels_only() -> None:
         PanelCandidate(box=(20.0, 20.0, 320.0, 320.0), outer_box=BOX),
         PanelCandidate(box=BOX),
     ]
+
+
+def _grid(colour: bool) -> np.ndarray:
+    """A 420 x 330 white figure: a 2 x 2 grid of grainy pictures (x 80-400, y 50-310), column
+    headers above it and row labels to its left, the pictures in colour or grey."""
+    rng = np.random.default_rng(5)
+    image = np.full((330, 420, 3), 255, dtype=np.uint8)
+    for top in (50, 184):
+        for left in (80, 244):
+            grain = rng.integers(40, 200, size=(126, 156, 3 if colour else 1), dtype=np.uint8)
+            image[top : top + 126, left : left + 156] = grain
+    for x, word in ((120, "DAPI"), (290, "Merge")):
+        cv2.putText(image, word, (x, 38), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    for y, word in ((120, "WT"), (250, "KO")):
+        cv2.putText(image, word, (30, y), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    return image
+
+
+def test_a_grid_of_pictures_as_cut_loses_its_headers_and_row_labels() -> None:
+    # the segmenter's piece holds the headers and row labels; the conventions keep them out
+    box = (25.0, 25.0, 400.0, 310.0)
+    assert picture_boxes(_grid(colour=True), [box]) == [(80.0, 50.0, 400.0, 310.0)]
+    # grey pictures are left as they are: a blot's strips close up into such a block, and its
+    # lane and band labels are its own
+    assert picture_boxes(_grid(colour=False), [box]) == [None]
+    ctx = StageContext(image=_grid(colour=True), caption="")
+    ctx.candidates = [PanelCandidate(box=box)]
+    ctx.panel_types = [("image", 0.9)]
+    _colour_bars(ctx)
+    assert ctx.candidates == [PanelCandidate(box=(80.0, 50.0, 400.0, 310.0), outer_box=box)]

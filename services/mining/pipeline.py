@@ -26,7 +26,7 @@ from p2p.mining.cpu.labels.trim import trim_labels
 from p2p.mining.cpu.markers.net import shipped_fusion
 from p2p.mining.cpu.markers.net import shipped_net as shipped_marker_net
 from p2p.mining.cpu.markers.rules import detect_markers
-from p2p.mining.cpu.ownership import own_panels
+from p2p.mining.cpu.ownership import own_panels, picture_boxes
 from p2p.mining.cpu.panel_type import default_classifier
 from p2p.mining.cpu.segmentation.axis_strips import return_axis_strips
 from p2p.mining.cpu.segmentation.count_guided import join_unlabelled
@@ -331,8 +331,17 @@ class _HeadingStage:
 def _colour_bars(ctx: StageContext) -> None:
     """A colour bar beside an image panel goes to its outer box (``cpu.colour_bars``)."""
     out = []
-    for cand, (kind, _) in zip(ctx.candidates, ctx.panel_types, strict=True):
-        trimmed = without_colour_bar(ctx.image, cand.box) if kind == "image" else None
+    # pictures the segmenter gave as it cut them (ownership set no outer box): their union, as
+    # ownership takes it
+    bare = [
+        kind == "image" and cand.outer_box is None
+        for cand, (kind, _) in zip(ctx.candidates, ctx.panel_types, strict=True)
+    ]
+    found = iter(picture_boxes(ctx.image, [c.box for c, b in zip(ctx.candidates, bare, strict=True) if b]))
+    for cand, (kind, _), is_bare in zip(ctx.candidates, ctx.panel_types, bare, strict=True):
+        trimmed = next(found) if is_bare else None
+        if trimmed is None and kind == "image":
+            trimmed = without_colour_bar(ctx.image, cand.box)
         out.append(
             cand if trimmed is None else replace(cand, box=trimmed, outer_box=cand.outer_box or cand.box)
         )

@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 17  # 17: a colour bar beside an image panel goes to its outer box
+MINER_REVISION = 18  # 18: colour pictures as cut lose the text round them
 
 
 @cache

@@ -50,6 +50,7 @@ from p2p.shared.geometry import Box, union_box
 
 # Tuned on real-dev "tune" only (bench/README.md, real figures); every value is a general rule.
 FAINT_THRESHOLD = 240  # ... and for a panel's extent, where pale renderings count
+GREY_SPREAD = 12  # channel spread of a grey picture's median pixel: a blot has no colour
 DENSE_KERNEL = 0.012  # of the part's longer side: a square pictures fill and text does not
 MIN_PICTURE_SHARE = 0.01  # of the content box: a smaller dense block is a bar or a glyph
 PICTURE_SHARE = 0.6  # of the content box the pictures must fill for the part to be pictures
@@ -330,6 +331,49 @@ def _owned_box(
         full, factor, (content[0] + x1, content[1] + y1, content[2] + x1, content[3] + y1), glyph
     )
     return tight, outer
+
+
+def picture_boxes(image: np.ndarray, boxes: list[Box]) -> list[Box | None]:
+    """For each box (figure pixels) that is mostly pictures (``image_extents``): the union of
+    its pictures, tightened to the figure's ink, where that leaves text printed round them out
+    (row labels, column headers); None for the others, and for grey pictures, which may be a
+    blot whose strips close up into one block on a small copy."""
+    masks = FigureInk(image)
+    faint, factor = masks.working(FAINT_THRESHOLD)
+    full = masks.faint(FAINT_THRESHOLD)
+    out: list[Box | None] = []
+    for box in boxes:
+        part = (
+            int(box[0]) // factor,
+            int(box[1]) // factor,
+            min(faint.shape[1], math.ceil(box[2] / factor)),
+            min(faint.shape[0], math.ceil(box[3] / factor)),
+        )
+        content = tight_box(faint, part)
+        pictures = image_extents(faint, content) if content is not None else None
+        if (
+            pictures is None
+            or pictures == content
+            or _chart(image, factor, pictures)
+            or _grey(image, factor, pictures)
+        ):
+            out.append(None)
+            continue
+        tight = _in_figure(full, factor, pictures, (0, 0, 0, 0))
+        out.append(
+            None
+            if tight is None
+            else (max(tight[0], box[0]), max(tight[1], box[1]), min(tight[2], box[2]), min(tight[3], box[3]))
+        )
+    return out
+
+
+def _grey(image: np.ndarray, factor: int, block: IntBox) -> bool:
+    """Whether pictures (working scale) are grey: a blot's strips are, and a blot's lane and band
+    labels are its own (so are a grey micrograph's, left as they are)."""
+    x1, y1, x2, y2 = (v * factor for v in block)
+    rgb = image[y1:y2, x1:x2, :3].astype(np.int16)
+    return rgb.size > 0 and float(np.median(rgb.max(axis=2) - rgb.min(axis=2))) <= GREY_SPREAD
 
 
 def _chart(image: np.ndarray, factor: int, block: IntBox) -> bool:
