@@ -329,10 +329,10 @@ class _HeadingStage:
 
 
 def _colour_bars(ctx: StageContext) -> None:
-    """A colour bar beside an image panel goes to its outer box (``cpu.colour_bars``)."""
+    """What the conventions leave out of an image panel goes to its outer box: for a panel of
+    pictures as the segmenter cut it (ownership set no outer box), the text round its pictures
+    (``ownership.picture_boxes``); else a colour bar beside it (``cpu.colour_bars``)."""
     out = []
-    # pictures the segmenter gave as it cut them (ownership set no outer box): their union, as
-    # ownership takes it
     bare = [
         kind == "image" and cand.outer_box is None
         for cand, (kind, _) in zip(ctx.candidates, ctx.panel_types, strict=True)

@@ -338,18 +338,14 @@ def picture_boxes(image: np.ndarray, boxes: list[Box]) -> list[Box | None]:
     its pictures, tightened to the figure's ink, where that leaves text printed round them out
     (row labels, column headers); None for the others, and for grey pictures, which may be a
     blot whose strips close up into one block on a small copy."""
+    if not boxes:
+        return []  # no masks to make: most figures have no such panel
     masks = FigureInk(image)
     faint, factor = masks.working(FAINT_THRESHOLD)
     full = masks.faint(FAINT_THRESHOLD)
     out: list[Box | None] = []
     for box in boxes:
-        part = (
-            int(box[0]) // factor,
-            int(box[1]) // factor,
-            min(faint.shape[1], math.ceil(box[2] / factor)),
-            min(faint.shape[0], math.ceil(box[3] / factor)),
-        )
-        content = tight_box(faint, part)
+        content = tight_box(faint, _working_box(box, factor))
         pictures = image_extents(faint, content) if content is not None else None
         if (
             pictures is None
@@ -542,15 +538,19 @@ def repeated(candidates: list[PanelCandidate]) -> bool:
     return alike_in_area([geometry.area(c.box) for c in candidates], REPEAT_AREA_RATIO)
 
 
-def _picture(ink: np.ndarray, factor: int, box: Box) -> bool:
-    """Whether a piece (figure pixels) is mostly pictures (``image_extents``)."""
-    part = (
+def _working_box(box: Box, factor: int) -> IntBox:
+    """A box in figure pixels at working scale, grown to whole blocks."""
+    return (
         int(box[0]) // factor,
         int(box[1]) // factor,
         math.ceil(box[2] / factor),
         math.ceil(box[3] / factor),
     )
-    tight = tight_box(ink, part)
+
+
+def _picture(ink: np.ndarray, factor: int, box: Box) -> bool:
+    """Whether a piece (figure pixels) is mostly pictures (``image_extents``)."""
+    tight = tight_box(ink, _working_box(box, factor))
     return tight is not None and image_extents(ink, tight) is not None
 
 
