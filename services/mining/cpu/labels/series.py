@@ -181,9 +181,7 @@ def unread_labels(
         # the only solid lone bar in a figure whose series expects an I is that I
         bars = [box for box in found if _solid_bar(ink, factor, box)]
         if len(bars) == 1:
-            x1, y1, x2, y2 = bars[0]
-            box = (float(x1), float(y1), float(x2), float(y2))
-            best["i"] = LabelDetection(text=missing["i"], box=box, confidence=MIN_LABEL_CONFIDENCE, raw="|")
+            best["i"] = _glyph_label(missing["i"], bars[0], raw="|")
     unread = [key for key in missing if key not in best]
     if len(unread) == 1:
         # a glyph the recogniser cannot read (a small copy's J is a bar with a one-pixel hook)
@@ -196,21 +194,21 @@ def unread_labels(
             and not any(_overlap(box, d.box) for d in best.values())
         ]
         if len(placed) == 1:
-            x1, y1, x2, y2 = placed[0]
-            best[unread[0]] = LabelDetection(
-                text=missing[unread[0]],
-                box=(float(x1), float(y1), float(x2), float(y2)),
-                confidence=MIN_LABEL_CONFIDENCE,
-                raw="",
-            )
+            best[unread[0]] = _glyph_label(missing[unread[0]], placed[0], raw="")
     return list(best.values())
+
+
+def _glyph_label(text: str, box: IntBox, *, raw: str) -> LabelDetection:
+    """A lone glyph (figure-pixel ``box``) taken for the label ``text`` by its shape or place,
+    not by a reading: as sure as a label must be to count."""
+    x1, y1, x2, y2 = (float(v) for v in box)
+    return LabelDetection(text=text, box=(x1, y1, x2, y2), confidence=MIN_LABEL_CONFIDENCE, raw=raw)
 
 
 def _in_series_order(box: IntBox, letter: str, series: list[LabelDetection]) -> bool:
     """Whether ``box`` lies where ``letter`` goes in the order the labels follow (by rows or by
     columns): after the label of the letter before it and before that of the letter after it."""
-    x1, y1, x2, y2 = (float(v) for v in box)
-    at = LabelDetection(text=letter, box=(x1, y1, x2, y2), confidence=0.0)
+    at = _glyph_label(letter, box, raw="")
     before = [d for d in series if len(d.text) == 1 and d.text.lower() < letter]
     after = [d for d in series if len(d.text) == 1 and d.text.lower() > letter]
     previous = max(before, key=lambda d: d.text.lower(), default=None)
