@@ -161,6 +161,13 @@ def test_unreadable_stored_image_fails_the_job_with_its_reason(make_runtime: Run
         assert job["status"] == "failed" and "cannot be decoded" in job["error"]
         assert client.get(f"/v1/figures/{accepted['figure_id']}").json()["status"] == "failed"
 
+        # The job's message delivered again (a sweep re-sent it) does not restart the failed job.
+        again = mine_job(runtime, uuid.UUID(accepted["job_id"]), get_miner())
+        assert again.skipped == "already failed" and again.status is JobStatus.FAILED
+        assert client.get(f"/v1/jobs/{accepted['job_id']}").json() == job
+        figure = client.get(f"/v1/figures/{accepted['figure_id']}").json()
+        assert figure["status"] == "failed" and "cannot be decoded" in figure["mining_error"]
+
 
 @pytest.mark.parametrize("store_kind", ["local"], indirect=True)
 def test_missing_object_fails_through_the_task_failure_handler(make_runtime: RuntimeFactory) -> None:

@@ -2,9 +2,10 @@
 
 Idempotency is explicit: a job is unique per (figure, backend, miner version); the durable-job claim
 (``p2p.shared.jobs``: advisory lock and lease) keeps two deliveries of it from running at once; a
-finished job is not mined again; and a re-run replaces the job's rows in one transaction, never
-adding to them. A job of a newer miner (``p2p mine --stale``) replaces the rows of the figure's older
-job in that same transaction, so the old results stand until the new ones are complete.
+finished job, succeeded or failed, is not mined again (``p2p jobs retry`` queues a failed one
+first); and a re-run replaces the job's rows in one transaction, never adding to them. A job of a
+newer miner (``p2p mine --stale``) replaces the rows of the figure's older job in that same
+transaction, so the old results stand until the new ones are complete.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def _mine_locked(runtime: Runtime, lease: durable.Lease, miner: Miner, fallback:
             return JobOutcome(job_id, JobStatus.FAILED, skipped="no such job")
         if job.status is JobStatus.SUCCEEDED:
             return JobOutcome(job_id, job.status, skipped="already mined")
+        if job.status is JobStatus.FAILED:
+            # A second message of it (the sweep re-sends one reserved too long) must not restart it.
+            return JobOutcome(job_id, job.status, skipped="already failed")
         figure = session.get(Figure, job.figure_id)
         assert figure is not None
         target = job.miner_version
