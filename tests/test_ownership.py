@@ -388,6 +388,27 @@ def test_a_gutter_a_label_stands_after_is_cut_before_a_wider_blank() -> None:
     assert 330 <= parts[0][0][2] <= 346
 
 
+def test_the_cuts_are_ordered_so_that_each_label_gets_a_part() -> None:
+    ink = np.zeros((400, 500), dtype=bool)
+    ink[25:184, 20:180] = True  # A's blot
+    for y1, y2 in ((198, 215), (220, 240), (245, 265)):  # A's strips, past a gutter D heads
+        ink[y1:y2, 20:180] = True
+    ink[25:120, 250:480] = True  # B
+    ink[218:300, 250:480] = True  # D, its label just below the gutter under A's blot
+    ink[314:325, 40:200] = True  # E's heading, on its label's line: the gutter above E is narrower
+    ink[335:390, 20:480] = True  # E
+    anchors = [
+        Anchor("A", (5, 5, 15, 20)),
+        Anchor("B", (240, 5, 250, 20)),
+        Anchor("D", (240, 200, 250, 215)),
+        Anchor("E", (5, 312, 15, 327)),
+    ]
+    parts = {owners[0].text: box for box, owners in label_parts(ink, anchors) if len(owners) == 1}
+    assert sorted(parts) == ["A", "B", "D", "E"]
+    assert parts["A"][3] >= 265 and parts["A"][2] <= 250  # the strips are A's, D's column is not
+    assert parts["D"][0] >= 180 and parts["E"][1] >= 300
+
+
 def test_a_label_hanging_before_a_gutter_goes_with_the_content_after_it() -> None:
     ink = np.zeros((300, 600), dtype=bool)
     ink[30:280, 20:200] = True  # E's blot

@@ -66,6 +66,7 @@ REPEAT_AREA_RATIO = 2.5  # largest / smallest piece of a row or grid of panels
 UNLABELLED_CONFIDENCE = 0.7
 AMBIGUOUS_FACTOR = 0.6  # share of the confidence kept when the layout is ambiguous
 HANG_SLACK = 0.5  # label heights: a label ending this near a gutter's start hangs before it
+CUT_SEARCH_BUDGET = 200  # cuts tried in all while looking for an order that gives each label a part
 HEAD_TOLERANCE = 1.5  # label heights a panel's content may start left of or above its label
 MAX_BEFORE_SHARE = 0.1  # of a part's content: more left of or above its labels is a neighbour's
 WORK_SIDE = 1200  # gutters are looked for at most this large (longest side)
@@ -179,21 +180,41 @@ Sides = tuple[tuple[IntBox, list[Anchor]], tuple[IntBox, list[Anchor]]]
 
 def label_parts(ink: np.ndarray, anchors: list[Anchor]) -> list[tuple[IntBox, list[Anchor]]]:
     """The figure cut along gutters into parts, each with the labels inside it; a cut is made
-    only where both sides keep a label and content besides their labels."""
+    only where both sides keep a label and content besides their labels.
+
+    Where several cuts are open, the widest one headed by a label goes first, unless another
+    order of cuts leaves fewer labels sharing a part: a narrow gutter between a panel and the
+    strips under it can open before the wider one that frees the panel's whole column."""
     height, width = ink.shape
-    done: list[tuple[IntBox, list[Anchor]]] = []
-    todo: list[tuple[IntBox, list[Anchor]]] = [((0, 0, width, height), anchors)]
-    while todo:
-        box, inside = todo.pop()
-        if len(inside) < 2:
-            done.append((box, inside))
-            continue
-        cut = _best_cut(ink, box, inside)
-        if cut is None:
-            done.append((box, inside))
-            continue
-        todo.extend(cut)
-    return done
+    budget = [CUT_SEARCH_BUDGET]
+    parts, _ = _partition(ink, (0, 0, width, height), anchors, budget)
+    return parts
+
+
+def _partition(
+    ink: np.ndarray, box: IntBox, inside: list[Anchor], budget: list[int]
+) -> tuple[list[tuple[IntBox, list[Anchor]]], int]:
+    """``box`` cut into parts, and how many of its labels own no part alone (0: one label each).
+    ``budget`` bounds the cuts tried over the whole search; once spent, the preferred cut wins."""
+    if len(inside) < 2:
+        return [(box, inside)], 0
+    best: tuple[list[tuple[IntBox, list[Anchor]]], int] | None = None
+    for sides in _cuts(ink, box, inside):
+        budget[0] -= 1
+        parts = [
+            part
+            for side_box, side_labels in sides
+            for part in _partition(ink, side_box, side_labels, budget)[0]
+        ]
+        alone = sum(len(owners) == 1 for _, owners in parts)
+        unowned = len(inside) - alone  # sharing a part, or lost by a cut
+        if best is None or unowned < best[1]:
+            best = (parts, unowned)
+        if best[1] == 0 or budget[0] <= 0:
+            break
+    if best is None:
+        return [(box, inside)], len(inside)
+    return best
 
 
 def _sides(parts: tuple[IntBox, IntBox], inside: list[Anchor], hanging: list[Anchor]) -> Sides:
@@ -205,8 +226,9 @@ def _sides(parts: tuple[IntBox, IntBox], inside: list[Anchor], hanging: list[Anc
     )
 
 
-def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> Sides | None:
-    """The widest gutter across ``box`` that leaves each side a label heading its content.
+def _cuts(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> list[Sides]:
+    """The gutters across ``box`` that leave each side a label heading its content, as the two
+    sides of each, preferred first: headed by a label (``_heads_gutter``), then the widest.
     Label glyphs do not block a gutter (a label often stands in the gutter above its panel);
     a label standing in the gutter goes with the content after it (below, or to the right)."""
     x1, y1, x2, y2 = box
@@ -236,9 +258,8 @@ def _best_cut(ink: np.ndarray, box: IntBox, inside: list[Anchor]) -> Sides | Non
             if all(_owns(ink, part, owners) for part, owners in sides):
                 headed = _heads_gutter(inside, axis, origin + start, origin + end)
                 options.append((headed, end - start, sides))
-    if not options:
-        return None
-    return max(options, key=lambda o: o[:2])[2]
+    options.sort(key=lambda o: o[:2], reverse=True)
+    return [sides for _, _, sides in options]
 
 
 def _hanging(anchors: list[Anchor], axis: int, start: int) -> list[Anchor]:
