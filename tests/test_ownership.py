@@ -337,9 +337,10 @@ def test_letters_read_past_a_gap_in_the_series_are_looked_for_between() -> None:
 
 
 def _letters_over_pictures(
-    letters: str, read: str, *, face: str = "DejaVuSans.ttf", size: int = 28
+    letters: str, read: str, *, face: str = "DejaVuSans.ttf", size: int = 28, printed: str = "{}"
 ) -> tuple[np.ndarray, list[LabelDetection]]:
-    """A row of grey pictures, each with its letter above it; detections for those in ``read``."""
+    """A row of grey pictures, each with its letter above it (as ``printed`` formats it: "({})"
+    for "(a)"); detections for those in ``read``."""
     from PIL import Image, ImageDraw
 
     from tests.test_labels import font
@@ -349,12 +350,34 @@ def _letters_over_pictures(
     detections = []
     for k, letter in enumerate(letters):
         x = 20 + 140 * k
-        draw.text((x, 20), letter, fill="black", font=font(size, face))
+        text = printed.format(letter)
+        draw.text((x, 20), text, fill="black", font=font(size, face))
         draw.rectangle((x + 10, 80, x + 120, 260), fill=(90, 90, 90))
         if letter in read:
-            box = tuple(float(v) for v in draw.textbbox((x, 20), letter, font=font(size, face)))
-            detections.append(LabelDetection(text=letter, box=box, confidence=0.9, raw=letter))  # type: ignore[arg-type]
+            box = tuple(float(v) for v in draw.textbbox((x, 20), text, font=font(size, face)))
+            detections.append(LabelDetection(text=letter, box=box, confidence=0.9, raw=text))  # type: ignore[arg-type]
     return np.asarray(picture), detections
+
+
+def test_a_label_in_parentheses_is_found_as_one_word() -> None:
+    # "(b)" is three glyphs, each with a neighbour in its margin: only as a word is it lone
+    image, read = _letters_over_pictures("abc", "ac", face="DejaVuSerif-Bold.ttf", size=26, printed="({})")
+    ink, factor = working_ink(image)
+    found = unread_labels(image, ink, factor, read, ["a", "b", "c"])
+    assert [d.text for d in found] == ["b"] and 150 <= found[0].box[0] < 200
+
+
+def test_a_small_letter_out_of_the_labels_order_is_no_label() -> None:
+    def det(text: str, x: float, y: float, height: float) -> LabelDetection:
+        return LabelDetection(text=text, box=(x, y, x + 0.7 * height, y + height), confidence=0.9, raw=text)
+
+    row = [det("B", 10, 700, 27), det("C", 550, 700, 27), det("D", 1120, 700, 27)]
+    inside_c = det("A", 570, 880, 14)  # a glyph in C's picture, read as the missing first letter
+    assert [d.text for d in series_labels([*row, inside_c], list("ABCD"))] == ["B", "C", "D"]
+    assert [d.text for d in series_labels([*row, inside_c], [])] == ["B", "C", "D"]
+    # where A goes (before B), a small A stays; so does a full-sized one anywhere
+    assert "A" in [d.text for d in series_labels([*row, det("A", 10, 20, 14)], list("ABCD"))]
+    assert "A" in [d.text for d in series_labels([*row, det("A", 570, 880, 27)], list("ABCD"))]
 
 
 def test_a_lone_bar_is_the_series_missing_i() -> None:

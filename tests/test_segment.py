@@ -931,6 +931,17 @@ def test_a_rule_ending_left_of_a_label_does_not_hide_it() -> None:
     assert not any(box[0] >= 200 for box, _ in imaging.label_candidates(mask, labels, stats, 8.0).words)
 
 
+def test_a_speck_over_a_label_does_not_hide_it_in_the_full_size_look() -> None:
+    # the label reader's own look at a figure the segmenter downscaled: one pixel of JPEG
+    # ringing just above a label is noise, as it is to the segmenter, not ink over the label
+    image = labelled_canvas(400, 120, [(203, 20, "c")], 20)
+    rows = np.flatnonzero((image[:, 195:240] < 128).any(axis=(1, 2)))
+    image[rows[0] - 3, 212] = 0
+    look = imaging.full_size_analysis(image)
+    assert any(box[0] >= 200 and box[1] >= rows[0] for box, _ in look.glyphs.words)
+    assert look.mask[rows[0] - 3, 212] == 0
+
+
 def test_seam_splitter_runs_after_the_rules(monkeypatch: pytest.MonkeyPatch) -> None:
 
     rng = np.random.default_rng(11)

@@ -18,7 +18,7 @@ from functools import cache
 from p2p.mining.artifacts import WEIGHT_FILES, artifact_path
 from p2p.mining.params import CpuParams
 
-MINER_REVISION = 19  # 19: cuts ordered so that each label gets a part
+MINER_REVISION = 20  # 20: specks, labels in parentheses and stray letters
 
 
 @cache

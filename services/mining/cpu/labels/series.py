@@ -32,6 +32,10 @@ GRID_ROW = 0.3  # label heights: a glyph whose top is this near a label's tops i
 GRID_COLUMN = 0.5  # label heights: one whose left edge is this near a label's starts its column
 SOLID_BAR = 0.85  # of its box a bar's ink fills (an l's hook or a 1's flag leave more blank)
 MAX_GLYPH_READS = 48  # lone glyphs read in search of unread labels, likeliest sizes first
+GLYPH_WIDTH = 1.5  # of the labels' height: a lone glyph no wider than this may be a label
+WORD_WIDTH = 3.0  # ... and a lone word of glyphs ("(b)", "b.")
+WORD_GAP = 0.3  # of the labels' height: glyphs this close on one line are one word
+MIN_ORDERED = 3  # letters read before a small one out of their order counts as a stray
 
 
 def series_labels(detections: list[LabelDetection], named: list[str]) -> list[LabelDetection]:
@@ -42,12 +46,18 @@ def series_labels(detections: list[LabelDetection], named: list[str]) -> list[La
     missing letters; digits and words only when the caption names them."""
     if named:
         wanted = {n.lower() for n in named}
-        return list(_one_each([d for d in detections if d.text.lower() in wanted], str.lower).values())
-    letters = [
-        d
-        for d in detections
-        if len(d.text) == 1 and d.text.isalpha() and d.confidence >= MIN_LABEL_CONFIDENCE
-    ]
+        return list(
+            _one_each(
+                _without_strays([d for d in detections if d.text.lower() in wanted]), str.lower
+            ).values()
+        )
+    letters = _without_strays(
+        [
+            d
+            for d in detections
+            if len(d.text) == 1 and d.text.isalpha() and d.confidence >= MIN_LABEL_CONFIDENCE
+        ]
+    )
     upper = [d for d in letters if d.text.isupper()]
     lower = [d for d in letters if d.text.islower()]
     best = _one_each(upper if len(upper) >= len(lower) else lower, str)
@@ -64,6 +74,27 @@ def series_labels(detections: list[LabelDetection], named: list[str]) -> list[La
         kept.append(det)
         expected = index + 1
     return kept + _sub_labels(detections, kept)
+
+
+def _without_strays(detections: list[LabelDetection]) -> list[LabelDetection]:
+    """The readings without letters both smaller than the labels (``LABEL_HEIGHT`` of their
+    median height) and out of their order: a glyph inside a picture read as "A", printed after
+    B, C and D, is no label however sure the reading."""
+    letters = [d for d in detections if len(d.text) == 1 and d.text.isalpha()]
+    if len(letters) < MIN_ORDERED:
+        return detections
+    median = float(np.median([d.box[3] - d.box[1] for d in letters]))
+    return [
+        d
+        for d in detections
+        if d not in letters
+        or d.box[3] - d.box[1] >= LABEL_HEIGHT * median
+        or _in_series_order(_int_box(d.box), d.text.lower(), [o for o in letters if o is not d])
+    ]
+
+
+def _int_box(box: Box) -> IntBox:
+    return (round(box[0]), round(box[1]), round(box[2]), round(box[3]))
 
 
 def _one_each(detections: list[LabelDetection], key: Callable[[str], str]) -> dict[str, LabelDetection]:
@@ -273,28 +304,38 @@ def past_gap(detections: list[LabelDetection], series: list[LabelDetection]) -> 
 
 def _lone_glyphs(ink: np.ndarray, factor: int, h: float, taken: list[Box]) -> list[IntBox]:
     """Shapes about ``h`` tall (working scale) with a blank margin all round, in figure pixels,
-    likeliest sizes first; none overlapping a label already read."""
-    count, _, stats, _ = cv2.connectedComponentsWithStats(ink.astype(np.uint8), connectivity=8)
-    integral = cv2.integral(ink.astype(np.uint8))
+    likeliest sizes first; none overlapping a label already read. A shape is one glyph, or a
+    short word of glyphs close on one line: a label in parentheses, "(b)", is three glyphs, none
+    of them alone."""
+    ink_u8 = ink.astype(np.uint8)
+    integral = cv2.integral(ink_u8)
     margin = max(1, round(0.6 * h))
     height, width = ink.shape
 
     def inked(x1: int, y1: int, x2: int, y2: int) -> int:
         return int(integral[y2, x2] - integral[y1, x2] - integral[y2, x1] + integral[y1, x1])
 
-    found: list[tuple[float, IntBox]] = []
-    for k in range(1, count):
-        x, y, w, hh, _area = (int(v) for v in stats[k])
-        if not (0.7 * h <= hh <= 1.4 * h and w <= 1.5 * h):
-            continue
-        around = inked(
-            max(0, x - margin), max(0, y - margin), min(width, x + w + margin), min(height, y + hh + margin)
-        )
-        full = (x * factor, y * factor, (x + w) * factor, (y + hh) * factor)
-        if around == inked(x, y, x + w, y + hh) and not any(_overlap(full, t) for t in taken):
-            found.append((abs(hh - h), full))
-    found.sort()
-    return [box for _, box in found[:MAX_GLYPH_READS]]
+    # glyphs of one word close up along the line; the closing adds no ink past the word's ends
+    # (an odd width: an even one is anchored off centre and moves the word a pixel)
+    gap = max(3, round(WORD_GAP * h) | 1)
+    words = cv2.morphologyEx(ink_u8, cv2.MORPH_CLOSE, np.ones((1, gap), np.uint8))
+    found: dict[IntBox, float] = {}
+    for mask, widest in ((ink_u8, GLYPH_WIDTH), (words, WORD_WIDTH)):
+        _, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+        for x, y, w, hh, _area in (tuple(int(v) for v in row) for row in stats[1:]):
+            if not (0.7 * h <= hh <= 1.4 * h and w <= widest * h):
+                continue
+            around = inked(
+                max(0, x - margin),
+                max(0, y - margin),
+                min(width, x + w + margin),
+                min(height, y + hh + margin),
+            )
+            full = (x * factor, y * factor, (x + w) * factor, (y + hh) * factor)
+            if around == inked(x, y, x + w, y + hh) and not any(_overlap(full, t) for t in taken):
+                found[full] = abs(hh - h)
+    ranked = sorted(found, key=lambda box: found[box])
+    return ranked[:MAX_GLYPH_READS]
 
 
 def _read_glyphs(image: np.ndarray, boxes: list[IntBox], factor: int) -> list[LabelDetection]:

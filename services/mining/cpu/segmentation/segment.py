@@ -60,7 +60,6 @@ import numpy as np
 
 from p2p.mining.cpu.imaging import (
     MIN_SIDE,
-    SPECK_AREA,
     Analysis,
     CornerGlyph,
     IntBox,
@@ -78,6 +77,7 @@ from p2p.mining.cpu.imaging import (
     text_unit,
     tight_box,
     without_sliver,
+    without_specks,
 )
 from p2p.mining.cpu.segmentation.count_guided import merge_to_count, split_to_count
 from p2p.mining.cpu.segmentation.seam_net import BoundaryMaps, boundary_maps
@@ -776,12 +776,9 @@ def segment_figure(
     mask_u8 = mask.astype(np.uint8)
 
     _, cc_labels, cc_stats, _ = cv2.connectedComponentsWithStats(mask_u8, connectivity=8)
-    # specks (JPEG ringing, noise) are not content: they would bridge gutters and crowd labels
-    specks = cc_stats[:, 4] <= SPECK_AREA
-    specks[0] = False
-    if specks.any():
-        cc_labels = np.where(specks[cc_labels], 0, cc_labels).astype(np.int32)
-        mask_u8 = (cc_labels > 0).astype(np.uint8)
+    cleared, mask_u8 = without_specks(cc_labels, cc_stats, mask_u8)
+    if cleared is not cc_labels:
+        cc_labels = cleared
         mask = mask_u8.astype(bool)
         if factor == 1:
             full_mask = mask
