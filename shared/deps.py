@@ -8,17 +8,21 @@ only when keys are required.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from p2p.shared import ratelimit
 from p2p.shared.auth import ANONYMOUS, Principal, Scope, authenticate, require
 from p2p.shared.runtime import Runtime
 from p2p.shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 async def get_runtime(request: Request) -> Runtime:
@@ -37,8 +41,20 @@ SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 
 
 def get_session(runtime: RuntimeDep) -> Iterator[Session]:
-    with runtime.session() as session:
+    session = runtime.session_factory()
+    try:
         yield session
+    finally:
+        try:
+            session.close()
+        except DBAPIError as exc:
+            # Closing runs after the answer is sent. A database that went away since the request
+            # read from it leaves nothing to roll back: its connection is dropped from the pool,
+            # and the next request meets the outage (and answers 503) instead of this one failing
+            # half sent.
+            if not exc.connection_invalidated:
+                raise
+            log.warning("database connection lost while closing a request's session: %s", exc.orig)
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

@@ -147,7 +147,12 @@ class EmbeddedPostgres:
             handle.users -= 1
             if handle.users <= 0:
                 del _handles[self.data_dir]
-                handle.server.cleanup()
+                # pgserver stops the postmaster whose pid it read at start; since then that one
+                # may have died and another been started (``ensure_running``): stop the one
+                # running now, and one that dies meanwhile is stopped already
+                handle.server._postmaster_info = _postmaster(self.data_dir)
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    handle.server.cleanup()
 
 
 def _start_server(data_dir: Path) -> PostgresServer:

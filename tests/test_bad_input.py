@@ -231,6 +231,24 @@ def test_openapi_declares_the_errors_and_every_reference_resolves(
                 assert {"422", "429"} <= set(responses), (method, path)
 
 
+def test_a_request_session_whose_connection_died_closes_without_error(make_runtime: Any) -> None:
+    # the session closes after the answer is sent: a lost connection must not fail it half sent
+    from sqlalchemy import text
+
+    from p2p.shared.deps import get_session
+
+    runtime = make_runtime()
+    sessions = get_session(runtime)
+    session = next(sessions)
+    backend = session.scalar(text("SELECT pg_backend_pid()"))
+    with runtime.engine.connect() as admin:
+        assert admin.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+    with pytest.raises(StopIteration):
+        next(sessions)
+    with runtime.session() as fresh:  # the dead connection left the pool
+        assert fresh.scalar(text("SELECT pg_backend_pid()")) != backend
+
+
 def test_the_embedded_postgres_is_restarted_when_it_dies(make_settings: Any) -> None:
     import os
     import signal
