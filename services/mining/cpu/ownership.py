@@ -186,35 +186,29 @@ def label_parts(ink: np.ndarray, anchors: list[Anchor]) -> list[tuple[IntBox, li
     order of cuts leaves fewer labels sharing a part: a narrow gutter between a panel and the
     strips under it can open before the wider one that frees the panel's whole column."""
     height, width = ink.shape
-    budget = [CUT_SEARCH_BUDGET]
-    parts, _ = _partition(ink, (0, 0, width, height), anchors, budget)
-    return parts
+    return _partition(ink, (0, 0, width, height), anchors, [CUT_SEARCH_BUDGET])
 
 
 def _partition(
     ink: np.ndarray, box: IntBox, inside: list[Anchor], budget: list[int]
-) -> tuple[list[tuple[IntBox, list[Anchor]]], int]:
-    """``box`` cut into parts, and how many of its labels own no part alone (0: one label each).
-    ``budget`` bounds the cuts tried over the whole search; once spent, the preferred cut wins."""
+) -> list[tuple[IntBox, list[Anchor]]]:
+    """``box`` cut into parts by the order of cuts that leaves the fewest of its labels without
+    a part of their own. ``budget`` bounds the cuts tried over the whole search; once spent, the
+    preferred cut wins."""
     if len(inside) < 2:
-        return [(box, inside)], 0
+        return [(box, inside)]
     best: tuple[list[tuple[IntBox, list[Anchor]]], int] | None = None
     for sides in _cuts(ink, box, inside):
         budget[0] -= 1
         parts = [
-            part
-            for side_box, side_labels in sides
-            for part in _partition(ink, side_box, side_labels, budget)[0]
+            part for side_box, side_labels in sides for part in _partition(ink, side_box, side_labels, budget)
         ]
-        alone = sum(len(owners) == 1 for _, owners in parts)
-        unowned = len(inside) - alone  # sharing a part, or lost by a cut
+        unowned = len(inside) - sum(len(owners) == 1 for _, owners in parts)  # sharing, or lost by a cut
         if best is None or unowned < best[1]:
             best = (parts, unowned)
         if best[1] == 0 or budget[0] <= 0:
             break
-    if best is None:
-        return [(box, inside)], len(inside)
-    return best
+    return [(box, inside)] if best is None else best[0]
 
 
 def _sides(parts: tuple[IntBox, IntBox], inside: list[Anchor], hanging: list[Anchor]) -> Sides:

@@ -89,12 +89,8 @@ def _without_strays(detections: list[LabelDetection]) -> list[LabelDetection]:
         for d in detections
         if d not in letters
         or d.box[3] - d.box[1] >= LABEL_HEIGHT * median
-        or _in_series_order(_int_box(d.box), d.text.lower(), [o for o in letters if o is not d])
+        or _in_series_order(d.box, d.text.lower(), [o for o in letters if o is not d])
     ]
-
-
-def _int_box(box: Box) -> IntBox:
-    return (round(box[0]), round(box[1]), round(box[2]), round(box[3]))
 
 
 def _one_each(detections: list[LabelDetection], key: Callable[[str], str]) -> dict[str, LabelDetection]:
@@ -229,14 +225,14 @@ def unread_labels(
     return list(best.values())
 
 
-def _glyph_label(text: str, box: IntBox, *, raw: str) -> LabelDetection:
+def _glyph_label(text: str, box: Box, *, raw: str) -> LabelDetection:
     """A lone glyph (figure-pixel ``box``) taken for the label ``text`` by its shape or place,
     not by a reading: as sure as a label must be to count."""
     x1, y1, x2, y2 = (float(v) for v in box)
     return LabelDetection(text=text, box=(x1, y1, x2, y2), confidence=MIN_LABEL_CONFIDENCE, raw=raw)
 
 
-def _in_series_order(box: IntBox, letter: str, series: list[LabelDetection]) -> bool:
+def _in_series_order(box: Box, letter: str, series: list[LabelDetection]) -> bool:
     """Whether ``box`` lies where ``letter`` goes in the order the labels follow (by rows or by
     columns): after the label of the letter before it and before that of the letter after it."""
     at = _glyph_label(letter, box, raw="")
